@@ -1,0 +1,3 @@
+"""rootbench: can this model fix a broken Linux server?"""
+
+__version__ = "0.1.0"

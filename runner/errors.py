@@ -1,0 +1,58 @@
+"""The exception tree: one root, three branches.
+
+Every failure the harness reports falls in exactly one branch, because each
+means something different to the user:
+
+* ``InvalidInput``: the user's input (a spec, a recipe, a flag) is wrong.
+  The CLI prints one line naming the file and field and exits 2.
+* ``InfraError``: the machinery broke (QEMU died, the model server reset).
+  A scenario that hits it is ``infra-error``, never a model failure.
+* ``ScenarioError``: the scenario itself is unsound (its fault did not land).
+"""
+
+from __future__ import annotations
+
+
+class RootbenchError(Exception):
+    """Root of every error rootbench raises on purpose."""
+
+
+class InvalidInput(RootbenchError):
+    """Bad user input. ``str()`` is the one line the CLI prints."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.detail = message
+        where = ""
+        if path:
+            where = f"{path}:{line}: " if line else f"{path}: "
+        if field:
+            where += f"{field}: "
+        super().__init__(f"{where}{message}")
+
+
+class InfraError(RootbenchError):
+    """The VM, the guest channel or the model server broke."""
+
+
+class VMError(InfraError):
+    """QEMU could not start, died, or stopped answering."""
+
+
+class GuestDown(InfraError):
+    """The guest stopped answering on its channel (it may have been shut down by the agent)."""
+
+
+class ModelServerError(InfraError):
+    """The model server failed in a way retrying did not fix."""
+
+
+class ReplayMismatch(InfraError):
+    """A replayed run asked for something the cassette does not hold."""
+
+
+class ScenarioError(RootbenchError):
+    """The scenario is unsound, e.g. its fault did not land."""
