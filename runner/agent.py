@@ -1,0 +1,268 @@
+"""One episode: break the server, let the model at it, judge the result.
+
+The order is fixed and the same in every mode (live, replay, offline):
+
+1. baseline: the invariants must hold on the clean machine;
+2. setup: the fault's commands, through the clean probe channel;
+3. pre-check: the success probes must now fail (else the fault did not land,
+   and the scenario, not the model, is at fault: ``invalid-scenario``);
+4. the agent loop: one model call per turn, actions parsed by the protocol,
+   commands run in the guest, results fed back, until ``finish`` or a budget
+   runs out;
+5. post-check: success probes (waiting up to their ``within``) and
+   invariants decide the verdict; forbidden commands flag it ``unsafe``.
+
+An infrastructure failure at any step makes the verdict ``infra-error``: it
+is never counted for or against the model.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runner.cassette import Clock, CassetteWriter
+from runner.errors import GuestDown, InfraError
+from runner.guest import CommandResult, Guest
+from runner.model import ChatRequest, Model
+from runner.probes import ProbeResult, run_probes
+from runner.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
+from runner.spec import Scenario
+
+VERDICTS = ("pass", "fail", "infra-error", "invalid-scenario")
+MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|"
+                      r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` without terminal control sequences (keeps newlines and tabs)."""
+    return _CONTROL.sub("", text)
+
+
+@dataclass
+class Episode:
+    """What happened in one run; this is what results files and tables show."""
+
+    scenario: str
+    agent: str
+    model: str
+    protocol: str
+    round: int = 0  # which repeat of this scenario (0-based)
+    verdict: str = "fail"
+    flags: list[str] = field(default_factory=list)
+    reason: str = ""  # one line: why this verdict
+    seconds: float = 0.0
+    turns: int = 0
+    commands: int = 0
+    violations: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_cached: int = 0
+    prompt_ms: float = 0.0
+    gen_ms: float = 0.0
+    unsafe_commands: list[str] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    invariants: list[dict[str, Any]] = field(default_factory=list)
+    precheck: list[dict[str, Any]] = field(default_factory=list)
+    baseline: list[dict[str, Any]] = field(default_factory=list)
+    stop: str = ""  # finish | turns | seconds | infra | vm-down | invalid
+    cassette: str | None = None
+
+    @property
+    def prompt_tps(self) -> float | None:
+        return self.tokens_in / (self.prompt_ms / 1000) if self.prompt_ms else None
+
+    @property
+    def gen_tps(self) -> float | None:
+        return self.tokens_out / (self.gen_ms / 1000) if self.gen_ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prompt_tps"] = self.prompt_tps
+        d["gen_tps"] = self.gen_tps
+        return d
+
+
+def _as_dicts(results: list[ProbeResult]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in results]
+
+
+def _cap(result: CommandResult, limit: int) -> str:
+    text = clean_text(result.output)
+    if len(text) > limit:
+        text = text[:limit]
+        result = CommandResult(result.exit_code, text, result.duration, result.timed_out, True)
+    if result.truncated:
+        text += f"\n[output truncated at {limit} characters]"
+    return text
+
+
+def _assistant_message(message: Any) -> dict[str, Any]:
+    """The reply as it goes back into the history: only the fields chat templates know."""
+    if not isinstance(message, dict):
+        return {"role": "assistant", "content": str(message)}
+    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if isinstance(message.get("tool_calls"), list) and message["tool_calls"]:
+        kept["tool_calls"] = message["tool_calls"]
+    if kept["content"] is None and "tool_calls" not in kept:
+        kept["content"] = ""
+    return kept
+
+
+class _Loop:
+    """The agent loop's state; a class only so the steps can share it."""
+
+    def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
+                 clock: Clock, episode: Episode, log: Any) -> None:
+        self.s = scenario
+        self.guest = guest
+        self.model = model
+        self.protocol = protocol
+        self.clock = clock
+        self.ep = episode
+        self.log = log
+        self.forbidden = [re.compile(rx) for rx in scenario.forbidden]
+
+    def left(self, started: float) -> BudgetLeft:
+        return BudgetLeft(turns=max(self.s.budget.turns - self.ep.turns, 0),
+                          seconds=max(self.s.budget.seconds - (self.clock.now() - started), 0.0))
+
+    def run(self) -> None:
+        budget = self.s.budget
+        started = self.clock.now()
+        first = BudgetLeft(turns=budget.turns, seconds=float(budget.seconds))
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.protocol.system_prompt(self.s.system_prompt, first)},
+            {"role": "user", "content": self.s.task},
+        ]
+        while True:
+            left = self.left(started)
+            if left.turns <= 0:
+                self.ep.stop = "turns"
+                return
+            if left.seconds <= 0:
+                self.ep.stop = "seconds"
+                return
+            request = self.protocol.decorate(ChatRequest(messages=list(messages)))
+            reply = self.model.complete(request, timeout=min(left.seconds, MODEL_CALL_CAP))
+            self.ep.turns += 1
+            self._count_usage(reply.usage)
+            messages.append(_assistant_message(reply.message))
+            actions = self.protocol.parse(reply.message)
+            for action in actions:
+                if isinstance(action, Finish):
+                    self.ep.stop = "finish"
+                    self.log(f"  finish: {clean_text(action.summary)[:100]}")
+                    return
+                if isinstance(action, Violation):
+                    self.ep.violations += 1
+                    self.log(f"  protocol: {clean_text(action.reason)[:100]}")
+                    messages.append(self.protocol.correction(action, self.left(started)))
+                    continue
+                assert isinstance(action, RunCommand)
+                messages.append(self._execute(action, started))
+
+    def _execute(self, action: RunCommand, started: float) -> dict[str, Any]:
+        budget = self.s.budget
+        self.ep.commands += 1
+        if any(rx.search(action.command) for rx in self.forbidden):
+            self.ep.unsafe_commands.append(action.command)
+        timeout = float(budget.command_timeout)
+        if action.timeout:
+            timeout = min(timeout, max(float(action.timeout), 1.0))
+        timeout = max(1.0, min(timeout, self.left(started).seconds or 1.0))
+        self.log(f"  $ {clean_text(action.command)[:120]}")
+        result = self.guest.exec(action.command, timeout, budget.output_limit)
+        output = _cap(result, budget.output_limit)
+        return self.protocol.observation(action, result, output, self.left(started))
+
+    def _count_usage(self, usage: dict[str, Any]) -> None:
+        self.ep.tokens_in += int(usage.get("prompt_tokens") or 0)
+        self.ep.tokens_out += int(usage.get("completion_tokens") or 0)
+        self.ep.tokens_cached += int(usage.get("cached_tokens") or 0)
+        self.ep.prompt_ms += float(usage.get("prompt_ms") or 0.0)
+        self.ep.gen_ms += float(usage.get("predicted_ms") or 0.0)
+
+
+def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
+                clock: Clock, writer: CassetteWriter | None = None, *,
+                log: Callable[[str], None] | None = None,
+                vm_killed: Callable[[], bool] | None = None, round_: int = 0) -> Episode:
+    """Run one scenario end to end on a ready guest and return its verdict.
+
+    ``vm_killed`` tells a VM killed from outside (the host's fault: infra-error)
+    from one the agent shut down or crashed (the model's fault: fail, vm-down).
+    """
+    log = log or (lambda _msg: None)
+    t0 = time.monotonic()
+    ep = Episode(scenario=scenario.id, agent=model.kind, model=model.name, protocol=protocol.name,
+                 round=round_, cassette=str(writer.path) if writer else None)
+    try:
+        _phases(scenario, guest, model, protocol, clock, ep, log)
+    except GuestDown as exc:
+        if vm_killed is not None and vm_killed():
+            ep.verdict, ep.stop = "infra-error", "infra"
+            ep.reason = f"the VM was killed from outside: {clean_text(str(exc))[:160]}"
+        else:
+            # The guest stopped answering while the agent acted: the agent broke the server.
+            ep.verdict, ep.stop = "fail", "vm-down"
+            ep.flags.append("vm-down")
+            ep.reason = f"the server stopped answering: {clean_text(str(exc))[:160]}"
+    except InfraError as exc:
+        ep.verdict, ep.stop = "infra-error", "infra"
+        ep.reason = clean_text(str(exc)).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    if ep.unsafe_commands and "unsafe" not in ep.flags:
+        ep.flags.append("unsafe")
+    ep.seconds = round(time.monotonic() - t0, 3)
+    if writer is not None:
+        writer.write({"type": "verdict", **ep.to_dict()})
+    return ep
+
+
+def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
+            ep: Episode, log: Any) -> None:
+    baseline = run_probes(guest, scenario.invariants, clock, wait=False)
+    ep.baseline = _as_dicts(baseline)
+    for i, command in enumerate(scenario.setup):
+        result = guest.probe(command, float(scenario.budget.command_timeout))
+        if result.timed_out or result.exit_code != 0:
+            ep.verdict, ep.stop = "invalid-scenario", "invalid"
+            ep.reason = (f"setup[{i}] {'timed out' if result.timed_out else f'exited {result.exit_code}'}"
+                         f": {clean_text(result.output)[-120:]}")
+            return
+    pre = run_probes(guest, scenario.probes, clock, wait=False)
+    ep.precheck = _as_dicts(pre)
+    if all(r.outcome == "pass" for r in pre):
+        ep.verdict, ep.stop = "invalid-scenario", "invalid"
+        ep.reason = "the fault did not land: every success probe passed before the agent acted"
+        return
+
+    loop = _Loop(scenario, guest, model, protocol, clock, ep, log)
+    try:
+        loop.run()
+    except GuestDown:
+        raise
+    if not guest.alive():
+        raise GuestDown("the guest is down after the agent's last command")
+
+    post = run_probes(guest, scenario.probes, clock)
+    ep.probes = _as_dicts(post)
+    inv = run_probes(guest, scenario.invariants, clock)
+    ep.invariants = _as_dicts(inv)
+    if any(r.outcome != "pass" for r in inv):
+        ep.flags.append("collateral")
+    failed = [r for r in post if r.outcome == "fail"]
+    errors = [r for r in post if r.outcome == "error"]
+    if failed:
+        ep.verdict = "fail"
+        ep.reason = f"{failed[0].name}: {failed[0].detail}"
+    elif errors:
+        ep.verdict = "infra-error"
+        ep.reason = f"probe could not run: {errors[0].name}: {errors[0].detail}"
+    else:
+        ep.verdict = "pass"
+        ep.reason = f"all {len(post)} probes passed"
