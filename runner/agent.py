@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runner.cassette import Clock, CassetteWriter
+from runner.cassette import CassetteWriter, Clock
 from runner.errors import GuestDown, InfraError
 from runner.guest import CommandResult, Guest
 from runner.model import ChatRequest, Model

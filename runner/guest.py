@@ -58,3 +58,315 @@ class Guest(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the channel; the VM's own teardown belongs to ``runner.vm``."""
+
+
+# --- framing shared by the real guests ----------------------------------------------------
+#
+# Every command is sent base64-encoded and run by a wrapper in a child shell,
+# with stdin from /dev/null and its output written to a small tmpfs
+# (/run/rb, 2 MiB: a flood hits ENOSPC instead of filling memory or disk). The
+# wrapper then prints one line: RB<sentinel>:<size>:<base64 of the first bytes>:<rc>:RB<sentinel>.
+# The sentinel is random per command and is printed by concatenation (the
+# typed text reads "RB" "sentinel" apart), so nothing the command prints or an
+# echoed command line can forge the frame.
+
+import base64 as _b64  # noqa: E402 - grouped with the framing it serves
+import re as _re  # noqa: E402
+import secrets as _secrets  # noqa: E402
+import shlex as _shlex  # noqa: E402
+
+CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+INLINE_LIMIT = 2000  # base64 chars sent inline; longer payloads go in chunks (tty lines cap at 4096)
+
+
+def _frame_re(sentinel: str) -> _re.Pattern[bytes]:
+    s = sentinel.encode()
+    return _re.compile(rb"RB" + s + rb":(\d+):([A-Za-z0-9+/=]*):(\d+):RB" + s)
+
+
+def wrapper(command_file: str | None, payload: str | None, timeout: float, cap: int,
+            sentinel: str, clean: bool) -> str:
+    """The shell text that runs one framed command (see the comment above)."""
+    t = max(1, int(round(timeout)))
+    source = f"$(base64 -d {command_file})" if command_file else f"$(printf %s {payload} | base64 -d)"
+    out = f"/run/rb/o.{sentinel}"
+    if clean:
+        run = (f"cd / && exec timeout -k 2 {t} env -i PATH={CLEAN_PATH} HOME=/root LANG=C.UTF-8 "
+               f"TERM=dumb bash --noprofile --norc -c \"$__rb_c\"")
+    else:
+        run = ("cd \"$(cat /run/rb/cwd 2>/dev/null || echo /root)\" 2>/dev/null || cd /root; "
+               f"exec timeout -k 2 {t} bash --noprofile --norc -c \"$__rb_c\"$'\\n'"
+               "'__rb=$?; pwd > /run/rb/cwd 2>/dev/null; exit $__rb'")
+    return (f"mkdir -p /run/rb; __rb_c=\"{source}\"; ( {run} ) </dev/null >{out} 2>&1; __rb_rc=$?; "
+            f"printf '%s%s:%s:' RB {sentinel} \"$(stat -c %s {out} 2>/dev/null || echo 0)\"; "
+            f"head -c {cap} {out} | base64 -w0; printf ':%s:%s%s\\n' \"$__rb_rc\" RB {sentinel}; "
+            f"rm -f {out} {command_file or ''}; unset __rb_c __rb_rc")
+
+
+def parse_frame(data: bytes, sentinel: str, duration: float, cap: int) -> CommandResult | None:
+    """The CommandResult framed in ``data``, or None if the frame is not there (yet)."""
+    m = _frame_re(sentinel).search(data)
+    if not m:
+        return None
+    size, blob, rc = int(m.group(1)), m.group(2), int(m.group(3))
+    try:
+        raw = _b64.b64decode(blob + b"=" * (-len(blob) % 4))
+    except ValueError:
+        raw = b""
+    output = raw.decode("utf-8", errors="replace")
+    timed_out = rc in (124, 137)
+    return CommandResult(None if timed_out else rc, output, duration, timed_out, size > cap)
+
+
+def new_sentinel() -> str:
+    return _secrets.token_hex(8)
+
+
+def encode_command(command: str) -> str:
+    return _b64.b64encode(command.encode("utf-8", errors="surrogateescape")).decode()
+
+
+def output_cap(output_limit: int | None) -> int:
+    """Bytes to fetch from the guest: enough for ``output_limit`` characters of UTF-8."""
+    return min(max(output_limit or 16000, 256) * 4, 1 << 20)
+
+
+def quote(text: str) -> str:
+    return _shlex.quote(text)
+
+
+# --- the serial console guest ---------------------------------------------------------------
+
+import socket as _socket  # noqa: E402
+import time as _time  # noqa: E402
+
+import pexpect as _pexpect  # noqa: E402
+import pexpect.fdpexpect as _fdpexpect  # noqa: E402
+import requests as _requests  # noqa: E402
+
+from runner.errors import GuestDown as _GuestDown  # noqa: E402
+
+SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
+_SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
+          "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
+
+
+class _HostHttp:
+    """GET through a forwarded port on the host's loopback (never anywhere else)."""
+
+    def __init__(self, forwards: dict[int, int]) -> None:
+        self.forwards = dict(forwards)
+
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        host_port = self.forwards.get(guest_port)
+        if host_port is None:
+            return HttpResult(None, "", error=f"guest port {guest_port} is not forwarded")
+        t0 = _time.monotonic()
+        try:
+            with _requests.get(f"http://127.0.0.1:{host_port}{path}", timeout=(timeout, timeout),
+                               allow_redirects=False, stream=True) as r:
+                body = r.raw.read(1 << 20, decode_content=True) or b""
+                return HttpResult(r.status_code, body.decode("utf-8", errors="replace"),
+                                  duration=_time.monotonic() - t0)
+        except (_requests.RequestException, OSError) as exc:
+            return HttpResult(None, "", error=type(exc).__name__, duration=_time.monotonic() - t0)
+
+
+class SerialGuest(_HostHttp, Guest):
+    """The root shell that autologin leaves on the VM's serial console (a unix socket)."""
+
+    def __init__(self, socket_path: str, forwards: dict[int, int], connect_timeout: float = 10.0) -> None:
+        super().__init__(forwards)
+        deadline = _time.monotonic() + connect_timeout
+        while True:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                sock.connect(socket_path)
+                break
+            except OSError:
+                sock.close()
+                if _time.monotonic() > deadline:
+                    raise _GuestDown(f"cannot connect to the serial console {socket_path}") from None
+                _time.sleep(0.02)
+        self._sock = sock
+        self._child = _fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
+        self._child.delaybeforesend = None
+        self._dead: str | None = None
+
+    def _send(self, text: str) -> None:
+        try:
+            self._child.send(text.encode())
+        except OSError as exc:
+            self._dead = f"the serial console closed ({exc.strerror})"
+            raise _GuestDown(self._dead) from None
+
+    def _expect(self, pattern: _re.Pattern[bytes], timeout: float) -> _re.Match[bytes] | None:
+        try:
+            i = self._child.expect([pattern, _pexpect.EOF, _pexpect.TIMEOUT], timeout=timeout)
+        except OSError as exc:
+            i = 1
+            self._dead = f"the serial console failed ({exc.strerror})"
+        if i == 1:
+            self._dead = self._dead or "the serial console closed: the VM is gone"
+            raise _GuestDown(self._dead)
+        if i == 2:
+            return None
+        return self._child.match
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self._child.read_nonblocking(1 << 16, timeout=0)
+        except (_pexpect.TIMEOUT, _pexpect.EOF, OSError):
+            pass
+
+    def wait_for_login(self, timeout: float) -> None:
+        """After a cold boot: wait for autologin's prompt, then make the shell quiet."""
+        m = self._expect(_re.compile(rb"root@[^\r\n]*# ?"), timeout)
+        if m is None:
+            raise _GuestDown(f"no root prompt on the serial console within {timeout:.0f}s")
+        self._send(_SETUP + "\n")
+        self.sync(20)
+
+    def sync(self, timeout: float) -> None:
+        """Prove the shell answers (and skip whatever was printed before)."""
+        token = new_sentinel()
+        self._send(f"\x03\nprintf '%s%s\\n' RBSYNC {token}\n")
+        if self._expect(_re.compile(rb"RBSYNC" + token.encode()), timeout) is None:
+            raise _GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
+        self._drain()
+
+    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
+        if self._dead:
+            raise _GuestDown(self._dead)
+        sentinel = new_sentinel()
+        payload = encode_command(command)
+        cap = output_cap(output_limit)
+        t0 = _time.monotonic()
+        if len(payload) <= INLINE_LIMIT:
+            line = wrapper(None, payload, timeout, cap, sentinel, clean)
+        else:
+            path = f"/run/rb/c.{sentinel}"
+            for i in range(0, len(payload), INLINE_LIMIT):
+                self._send(f"printf %s {payload[i:i + INLINE_LIMIT]} >> {path}\n")
+            line = wrapper(path, None, timeout, cap, sentinel, clean)
+        self._send(line + "\n")
+        m = self._expect(_frame_re(sentinel), timeout + SLACK)
+        if m is None:
+            # The wrapper's own timeout should have fired; the shell is wedged. Try to recover.
+            try:
+                self.sync(10)
+            except _GuestDown:
+                self._dead = "the serial shell stopped answering"
+                raise
+            return CommandResult(None, "", _time.monotonic() - t0, timed_out=True)
+        result = parse_frame(m.group(0), sentinel, _time.monotonic() - t0, cap)
+        assert result is not None
+        return result
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        return self._run(command, timeout, output_limit, clean=False)
+
+    def probe(self, command: str, timeout: float) -> CommandResult:
+        return self._run(command, timeout, 64000, clean=True)
+
+    def alive(self) -> bool:
+        if self._dead:
+            return False
+        try:
+            self.sync(15)
+            return True
+        except _GuestDown:
+            return False
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+# --- the SSH guest ------------------------------------------------------------------------------
+
+import subprocess as _subprocess  # noqa: E402
+
+
+class SshGuest(_HostHttp, Guest):
+    """The system ``ssh`` client, multiplexed over one master connection per VM."""
+
+    def __init__(self, port: int, key: str, workdir: str, forwards: dict[int, int],
+                 connect_timeout: float = 60.0) -> None:
+        super().__init__(forwards)
+        common = [
+            "-q", "-p", str(port), "-i", key, "-F", "/dev/null",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={workdir}/known_hosts", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-o", f"ControlPath={workdir}/ssh.ctl", "-o", "LogLevel=ERROR",
+        ]
+        self._ctl = ["ssh", *common]
+        self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
+        self._dead: str | None = None
+        log = f"{workdir}/ssh-master.log"
+        deadline = _time.monotonic() + connect_timeout
+        while True:
+            # The master goes to the background once authenticated (-f); its stdio is a
+            # file, never a pipe of ours, or waiting on it would hang.
+            try:
+                with open(log, "ab") as err:
+                    r = _subprocess.run([*self._ctl, "-o", "ControlMaster=yes",
+                                         "-o", "ControlPersist=yes", "-f", "-N", "root@127.0.0.1"],
+                                        stdin=_subprocess.DEVNULL, stdout=_subprocess.DEVNULL,
+                                        stderr=err, timeout=20)
+                if r.returncode == 0:
+                    break
+            except _subprocess.TimeoutExpired:
+                pass
+            if _time.monotonic() > deadline:
+                tail = open(log, errors="replace").read().strip()[-200:]
+                raise _GuestDown(f"ssh to the guest failed: {tail or 'no answer'}")
+            _time.sleep(0.3)
+
+    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
+        if self._dead:
+            raise _GuestDown(self._dead)
+        sentinel = new_sentinel()
+        cap = output_cap(output_limit)
+        script = wrapper(None, encode_command(command), timeout, cap, sentinel, clean)
+        t0 = _time.monotonic()
+        try:
+            r = _subprocess.run([*self._base, "bash --noprofile --norc -c " + quote(script)],
+                                capture_output=True, timeout=timeout + SLACK, stdin=_subprocess.DEVNULL)
+        except _subprocess.TimeoutExpired:
+            return CommandResult(None, "", _time.monotonic() - t0, timed_out=True)
+        result = parse_frame(r.stdout, sentinel, _time.monotonic() - t0, cap)
+        if result is None:
+            if r.returncode == 255:
+                self._dead = "the SSH connection to the guest broke"
+                raise _GuestDown(self._dead)
+            return CommandResult(r.returncode, r.stdout.decode(errors="replace")[-2000:],
+                                 _time.monotonic() - t0)
+        return result
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        return self._run(command, timeout, output_limit, clean=False)
+
+    def probe(self, command: str, timeout: float) -> CommandResult:
+        return self._run(command, timeout, 64000, clean=True)
+
+    def alive(self) -> bool:
+        if self._dead:
+            return False
+        try:
+            r = _subprocess.run([*self._base, "true"], capture_output=True, timeout=15,
+                                stdin=_subprocess.DEVNULL)
+        except _subprocess.TimeoutExpired:
+            return False
+        return r.returncode == 0
+
+    def close(self) -> None:
+        try:
+            _subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
+                            timeout=5, stdin=_subprocess.DEVNULL)
+        except (_subprocess.TimeoutExpired, OSError):
+            pass

@@ -66,6 +66,14 @@ class Model(abc.ABC):
         """Whether the server's chat template handles tools; None when unknown."""
         return None
 
+    def accepts_response_format(self) -> bool | None:
+        """Whether replies can be constrained by a JSON schema; None when unknown."""
+        return None
+
+    def makes_native_tool_calls(self) -> bool | None:
+        """Whether a probe request came back with a native ``tool_calls`` entry."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release whatever the backend holds."""
 

@@ -1,0 +1,353 @@
+"""Scenarios: YAML files, validated strictly, turned into frozen dataclasses.
+
+Every command that reads specs goes through :func:`load_spec`, so a bad file
+is reported the same way everywhere: one line, ``file:line: field: message``,
+as an :class:`~runner.errors.InvalidInput`. The loader never trusts its
+input: size is capped, anchors and aliases are refused (no alias bombs),
+duplicate keys are errors, and anything JSON Schema cannot say (a regex that
+does not compile, two specs with one id) is checked here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from runner.errors import InvalidInput
+from runner.paths import repo_root
+
+MAX_SPEC_BYTES = 256 * 1024
+PROBE_KINDS = ("command", "http", "service", "port", "file")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the agent may spend. Defaults are the published run's."""
+
+    turns: int = 10
+    seconds: float = 600
+    command_timeout: float = 30
+    output_limit: int = 4000
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One check of the guest's state; ``params`` is the kind's mapping as written."""
+
+    kind: str
+    params: dict[str, Any]
+    name: str
+    within: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    title: str
+    image: str
+    task: str
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    difficulty: str | None = None
+    system_prompt: str | None = None
+    budget: Budget = field(default_factory=Budget)
+    setup: tuple[str, ...] = ()
+    probes: tuple[Probe, ...] = ()
+    invariants: tuple[Probe, ...] = ()
+    solution: tuple[str, ...] = ()
+    forbidden: tuple[str, ...] = ()
+    path: str = ""
+    spec_hash: str = ""
+
+
+# --- YAML with line numbers, no aliases, no duplicate keys --------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader; the node tree is walked before construction (see ``_walk``)."""
+
+
+def _walk(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int],
+          seen: set[int], where: str) -> None:
+    if id(node) in seen:
+        raise InvalidInput("YAML anchors and aliases are not allowed in specs",
+                           path=where, line=node.start_mark.line + 1, field=_dotted(path) or None)
+    seen.add(id(node))
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        keys: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
+            if key in keys:
+                raise InvalidInput(f"duplicate key {key!r}", path=where,
+                                   line=key_node.start_mark.line + 1, field=_dotted(path) or None)
+            keys.add(key)
+            _walk(value_node, (*path, key), lines, seen, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, (*path, i), lines, seen, where)
+
+
+def _dotted(path: Iterable[Any]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    """Parse one YAML document; return the data and a map from field path to line."""
+    try:
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                raise InvalidInput("the file is empty", path=where)
+            lines: dict[tuple[Any, ...], int] = {}
+            _walk(node, (), lines, set(), where)
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InvalidInput(f"YAML syntax error: {problem}", path=where, line=line) from None
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"YAML error: {str(exc).splitlines()[0]}", path=where) from None
+    except RecursionError:
+        raise InvalidInput("the YAML nests too deeply", path=where) from None
+    return data, lines
+
+
+# --- schema -------------------------------------------------------------------------------
+
+@functools.cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema_path = repo_root() / "schema" / name
+    schema = json.loads(schema_path.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _line_for(lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> int | None:
+    while path not in lines and path:
+        path = path[:-1]
+    return lines.get(path)
+
+
+def _probe_kind_error(data: dict[str, Any], where: str,
+                      lines: dict[tuple[Any, ...], int]) -> InvalidInput | None:
+    """Name the probe-kind problem plainly instead of jsonschema's oneOf noise."""
+    for section in ("probes", "invariants"):
+        items = data.get(section)
+        if not isinstance(items, list):
+            continue
+        for i, probe in enumerate(items):
+            if not isinstance(probe, dict):
+                continue
+            kinds = [k for k in probe if k in PROBE_KINDS]
+            unknown = [k for k in probe if k not in PROBE_KINDS and k not in ("name", "within")]
+            path = (section, i)
+            if unknown:
+                return InvalidInput(f"unknown probe kind or key {unknown[0]!r} (kinds: "
+                                    f"{', '.join(PROBE_KINDS)})", path=where,
+                                    line=_line_for(lines, (*path, unknown[0])), field=_dotted(path))
+            if len(kinds) != 1:
+                what = "no probe kind" if not kinds else f"several probe kinds ({', '.join(kinds)})"
+                return InvalidInput(f"{what}: give exactly one of {', '.join(PROBE_KINDS)}",
+                                    path=where, line=_line_for(lines, path), field=_dotted(path))
+    return None
+
+
+def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
+                      schema: str = "scenario.schema.json", what: str = "scenario") -> None:
+    """Raise InvalidInput for the most relevant schema error, with its line."""
+    if not isinstance(data, dict):
+        kind = "list" if isinstance(data, list) else type(data).__name__
+        raise InvalidInput(f"a {what} must be a mapping at the top level, not a {kind}",
+                           path=where, line=1)
+    if schema == "scenario.schema.json":
+        err = _probe_kind_error(data, where, lines)
+        if err:
+            raise err
+    errors = list(_validator(schema).iter_errors(data))
+    if not errors:
+        return
+    best = jsonschema.exceptions.best_match(errors)
+    assert best is not None
+    path = tuple(best.absolute_path)
+    message = best.message
+    if len(message) > 200:
+        message = message[:200] + "..."
+    raise InvalidInput(message, path=where, line=_line_for(lines, path),
+                       field=_dotted(path) or None)
+
+
+# --- scenario construction ------------------------------------------------------------------
+
+def _probe_name(kind: str, p: dict[str, Any]) -> str:
+    if kind == "command":
+        return f"command `{p['run'][:60]}`"
+    if kind == "http":
+        return f"http {p['url']}" + (f" -> {p['status']}" if "status" in p else "")
+    if kind == "service":
+        states = [f"{k}={str(p[k]).lower()}" for k in ("active", "enabled") if k in p]
+        return f"service {p['name']}" + (f" {' '.join(states)}" if states else "")
+    if kind == "port":
+        s = f"port {p['port']}/{p.get('protocol', 'tcp')}"
+        return s + (f" by {p['process']}" if "process" in p else "")
+    return f"file {p['path']}"
+
+
+def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
+    out = []
+    for item in items:
+        kind = next(k for k in item if k in PROBE_KINDS)
+        params = dict(item[kind])
+        within = item.get("within")
+        out.append(Probe(kind=kind, params=params, name=item.get("name") or _probe_name(kind, params),
+                         within=float(within) if within is not None else None))
+    return tuple(out)
+
+
+def _check_regexes(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
+    for i, rx in enumerate(data.get("forbidden") or []):
+        try:
+            re.compile(rx)
+        except re.error as exc:
+            raise InvalidInput(f"not a valid regular expression: {exc}", path=where,
+                               line=_line_for(lines, ("forbidden", i)),
+                               field=f"forbidden[{i}]") from None
+    for section in ("probes", "invariants"):
+        for i, probe in enumerate(data.get(section) or []):
+            rx = (probe.get("command") or {}).get("stdout_matches")
+            if rx is None:
+                continue
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise InvalidInput(f"not a valid regular expression: {exc}", path=where,
+                                   line=_line_for(lines, (section, i, "command", "stdout_matches")),
+                                   field=f"{section}[{i}].command.stdout_matches") from None
+
+
+def _check_image(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
+    recipe = repo_root() / "images" / f"{data['image']}.yaml"
+    if not recipe.is_file():
+        raise InvalidInput(f"no image recipe {data['image']!r} (expected images/{data['image']}.yaml)",
+                           path=where, line=_line_for(lines, ("image",)), field="image")
+
+
+def scenario_from_text(text: str, where: str) -> Scenario:
+    """Validate ``text`` (the contents of ``where``) and build the scenario."""
+    data, lines = parse_yaml(text, where)
+    validate_document(data, lines, where)
+    _check_regexes(data, where, lines)
+    _check_image(data, where, lines)
+    budget = Budget(**(data.get("budget") or {}))
+    return Scenario(
+        id=data["id"], title=data["title"], image=data["image"], task=data["task"],
+        description=data.get("description"), tags=tuple(data.get("tags") or ()),
+        difficulty=data.get("difficulty"), system_prompt=data.get("system_prompt"),
+        budget=budget, setup=tuple(data["setup"]), probes=_probes(data["probes"]),
+        invariants=_probes(data.get("invariants") or []), solution=tuple(data["solution"]),
+        forbidden=tuple(data.get("forbidden") or ()), path=where,
+        spec_hash=hashlib.sha256(text.encode()).hexdigest(),
+    )
+
+
+def read_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
+    """The file as UTF-8 text, or InvalidInput naming why not."""
+    where = str(path)
+    try:
+        if not path.is_file():
+            raise InvalidInput("no such file" if not path.exists() else "not a regular file",
+                               path=where)
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read: {exc.strerror}", path=where) from None
+    if len(raw) > limit:
+        raise InvalidInput(f"larger than {limit} bytes", path=where)
+    if b"\x00" in raw:
+        raise InvalidInput("binary data, not a YAML text file", path=where)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"not UTF-8 text (byte {exc.start})", path=where) from None
+
+
+def load_spec(path: str | Path) -> Scenario:
+    path = Path(path)
+    return scenario_from_text(read_text(path), str(path))
+
+
+def spec_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories to their ``*.yaml``/``*.yml`` files, sorted; keep files as given."""
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml")))
+        else:
+            out.append(p)
+    return out
+
+
+def default_specs() -> list[Path]:
+    return [repo_root() / "specs"]
+
+
+def check_specs(paths: Iterable[str | Path]) -> list[tuple[Path, Scenario | None, InvalidInput | None]]:
+    """Validate every file; also that ids are unique. One entry per file, in order."""
+    results: list[tuple[Path, Scenario | None, InvalidInput | None]] = []
+    owner: dict[str, Path] = {}
+    for path in spec_files(paths):
+        try:
+            scenario = load_spec(path)
+        except InvalidInput as exc:
+            results.append((path, None, exc))
+            continue
+        if scenario.id in owner:
+            err = InvalidInput(f"duplicate id {scenario.id!r} (also in {owner[scenario.id]})",
+                               path=str(path), field="id")
+            results.append((path, None, err))
+            continue
+        owner[scenario.id] = path
+        results.append((path, scenario, None))
+    return results
+
+
+def load_specs(paths: Iterable[str | Path]) -> list[Scenario]:
+    """Every scenario under ``paths``; the first invalid one raises."""
+    paths = list(paths)
+    checked = check_specs(paths)
+    if not checked:
+        raise InvalidInput("no scenario files found", path=", ".join(str(p) for p in paths))
+    for _path, _scenario, err in checked:
+        if err is not None:
+            raise err
+    return [s for _p, s, _e in checked if s is not None]
+
+
+def select(scenarios: list[Scenario], ids: Iterable[str]) -> list[Scenario]:
+    """The scenarios whose id is in ``ids`` (an unknown id is an error)."""
+    by_id = {s.id: s for s in scenarios}
+    out = []
+    for i in ids:
+        if i not in by_id:
+            raise InvalidInput(f"no scenario with id {i!r}", field="--only")
+        out.append(by_id[i])
+    return out
