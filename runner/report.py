@@ -129,3 +129,18 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
     fields = set(Episode.__dataclass_fields__)
     episodes = [Episode(**{k: v for k, v in e.items() if k in fields}) for e in data.get("episodes", [])]
     return data.get("run", {}), episodes
+
+
+def pass_at(episodes: Sequence[Episode], fmt: str = "github") -> str:
+    """pass@1 (mean pass rate over rounds) and pass@N (passed in any round) per scenario."""
+    by: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by.setdefault(ep.scenario, []).append(ep)
+    rows = []
+    for scenario, eps in by.items():
+        scored = [e for e in eps if e.verdict in ("pass", "fail")]
+        passes = sum(e.verdict == "pass" for e in scored)
+        p1 = f"{passes / len(scored):.2f}" if scored else "-"
+        rows.append([clean_text(scenario), len(eps), p1, "yes" if passes else "no"])
+    return render_rows(["scenario", "rounds", "pass@1", f"pass@{max(len(v) for v in by.values())}"],
+                       rows, fmt)

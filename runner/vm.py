@@ -112,6 +112,7 @@ class _Qemu:
     def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
                  ram: tuple[Path, bool] | None, incoming: bool) -> None:
         self.workdir = workdir
+        self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
         os.chmod(self.sock_dir, 0o700)
@@ -151,7 +152,10 @@ class _Qemu:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise VMError(f"QEMU exited at start (code {self.proc.returncode}): {self.log_tail()}")
+                why = f"QEMU exited at start (code {self.proc.returncode}): {self.log_tail()}"
+                if self.accel == "kvm":
+                    raise KvmUnusable(why)
+                raise VMError(why)
             if self.qmp_path.exists():
                 qmp = QEMUMonitorProtocol(str(self.qmp_path))
                 try:
@@ -336,6 +340,7 @@ class Sandbox:
         self._q: _Qemu | None = None
         self._serial: SerialGuest | None = None
         self._dir: Path | None = None
+        self.shell_s = 0.0  # QEMU launch to the first command answered
 
     # lifecycle
     def __enter__(self) -> Sandbox:
@@ -377,6 +382,7 @@ class Sandbox:
         else:
             self.guest = self._serial
         self.info = {"accel": accel, "restored": restored, "ready_s": round(time.monotonic() - t0, 3),
+                     "shell_s": round(self.shell_s, 3),
                      "qemu_version": qemu_version(), "image": image.name,
                      "image_sha256": image.sha256, "transport": self.transport}
 
@@ -416,6 +422,7 @@ class Sandbox:
             q.cmd("cont")
         self._serial = SerialGuest(str(q.console_path), q.forwards)
         self._serial.sync(20)
+        self.shell_s = time.monotonic() - q.started
         if q.status() == "internal-error":
             raise KvmUnusable("the restored guest stopped with KVM internal error")
         _set_clock(self._serial)
@@ -428,6 +435,7 @@ class Sandbox:
         _overlay(image.base, overlay)
         self._q = q = _Qemu(image, overlay, accel, self._dir, None, False)
         self._serial = _wait_for_shell(q, BOOT_TIMEOUT)
+        self.shell_s = time.monotonic() - q.started
         self._serial.probe("systemctl is-system-running --wait", READY_TIMEOUT)
 
     def _stop_qemu(self) -> None:

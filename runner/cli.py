@@ -1,0 +1,431 @@
+"""The ``rootbench`` command line: argparse in, exit codes out.
+
+Exit codes: 0 success; 1 the thing asked for did not hold (a scenario
+failed, a replay differed, verify found an invalid scenario, doctor found a
+problem); 2 invalid input (one line naming the file and field, never a
+traceback); 130/143 interrupted by SIGINT/SIGTERM after tearing everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from runner import __version__
+from runner.errors import InfraError, InvalidInput, RootbenchError
+
+DEFAULT_IMAGE = "debian-12-nginx"
+
+
+def _progress(message: str) -> None:
+    from runner.agent import clean_text
+
+    print(clean_text(message), file=sys.stderr, flush=True)
+
+
+def _out(text: str) -> None:
+    print(text, flush=True)
+
+
+# --- argument groups --------------------------------------------------------------------------
+
+def _vm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="accelerator (auto: KVM when usable, else TCG)")
+    p.add_argument("--transport", choices=("serial", "ssh"), default="serial",
+                   help="guest channel for the agent's commands")
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    from runner.bench import DEFAULT_MODEL
+    from runner.protocol import CHOICES
+
+    p.add_argument("--agent", choices=("model", "oracle", "noop"), default="model",
+                   help="who acts: a model, the scenario's solution, or nobody")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"named model (default {DEFAULT_MODEL})")
+    p.add_argument("--model-file", help="any GGUF file to serve with llama-server")
+    p.add_argument("--endpoint", help="an OpenAI-compatible server already running (nothing is started)")
+    p.add_argument("--llama-server", help="your own llama-server binary")
+    p.add_argument("--protocol", choices=CHOICES, default="auto", help="how the model acts")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--ctx-size", type=int, default=8192)
+    p.add_argument("--repeat", type=int, default=1, help="runs per scenario (reports pass@1, pass@N)")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    p.add_argument("--runs-dir", default="runs", help="where run directories are made")
+    p.add_argument("--record-to", help="also copy every cassette into this directory")
+    _vm_args(p)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rootbench", description=(
+        "Can this model fix a broken Linux server? Boots a throw-away QEMU VM, breaks it, "
+        "hands a model a root shell, and checks the result with probes."))
+    ap.add_argument("--version", action="version", version=f"rootbench {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check scenario files against the schema")
+    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+
+    p = sub.add_parser("list", help="list the scenarios")
+    p.add_argument("paths", nargs="*")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+
+    p = sub.add_parser("run", help="run one scenario")
+    p.add_argument("spec", help="a spec file")
+    _agent_args(p)
+
+    p = sub.add_parser("bench", help="run every scenario (default specs/) and print the table")
+    p.add_argument("paths", nargs="*")
+    p.add_argument("--only", nargs="+", metavar="ID", help="only these scenario ids")
+    p.add_argument("--resume", metavar="RUNDIR", help="finish what is missing in a run directory")
+    p.add_argument("--retry-infra", type=int, default=0, metavar="N",
+                   help="re-run infra-error runs up to N times")
+    _agent_args(p)
+
+    p = sub.add_parser("replay", help="replay recorded cassettes and compare verdicts")
+    p.add_argument("paths", nargs="+", help="cassettes or directories of them")
+    p.add_argument("--offline", action="store_true",
+                   help="serve the guest from the cassette too (no VM, no model)")
+    p.add_argument("--lenient", action="store_true",
+                   help="go on when a request differs from the recording")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _vm_args(p)
+
+    p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle passes)")
+    p.add_argument("paths", nargs="*")
+    p.add_argument("--record-to", default="recordings/oracle",
+                   help="where the oracle cassettes go (default recordings/oracle)")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _vm_args(p)
+
+    p = sub.add_parser("perf", help="measure speed figures")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-vm", action="store_true", help="skip the VM figures")
+    p.add_argument("--no-model", action="store_true", help="skip the model figures")
+    p.add_argument("--model", default=None, help="named model for the model figures")
+    _vm_args(p)
+
+    p = sub.add_parser("report", help="print the table of a run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+
+    p = sub.add_parser("image", help="guest images")
+    isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    b = isub.add_parser("build", help="build an image recipe from images/")
+    b.add_argument("name", nargs="?", default=DEFAULT_IMAGE)
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    isub.add_parser("info", help="list built images")
+
+    p = sub.add_parser("model", help="llama-server and models")
+    msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    s = msub.add_parser("setup", help="build llama-server and fetch the default model")
+    s.add_argument("--model", default=None)
+    f = msub.add_parser("fetch", help="fetch a named model")
+    f.add_argument("name")
+
+    sub.add_parser("doctor", help="check that this machine can run rootbench")
+    return ap
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+def _spec_paths(paths: Sequence[str]) -> list[str | Path]:
+    from runner.spec import default_specs
+
+    return list(paths) if paths else list(default_specs())
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from runner.spec import check_specs
+
+    results = check_specs(_spec_paths(args.paths))
+    if not results:
+        raise InvalidInput("no scenario files found", path=", ".join(map(str, _spec_paths(args.paths))))
+    bad = 0
+    for path, scenario, err in results:
+        if err is not None:
+            bad += 1
+            _out(str(err))
+        else:
+            assert scenario is not None
+            _out(f"{path}: ok ({scenario.id})")
+    _out(f"{len(results) - bad} valid, {bad} invalid")
+    return 2 if bad else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runner.report import render_rows
+    from runner.spec import load_specs
+
+    scenarios = load_specs(_spec_paths(args.paths))
+    rows = [[s.id, s.difficulty or "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
+            for s in scenarios]
+    _out(render_rows(["id", "difficulty", "tags", "turns", "title"], rows, args.format))
+    return 0
+
+
+def _choice(args: argparse.Namespace) -> Any:
+    from runner.bench import AgentChoice
+
+    if args.model_file and not Path(args.model_file).is_file():
+        raise InvalidInput("no such file", path=args.model_file, field="--model-file")
+    if args.repeat < 1:
+        raise InvalidInput("must be at least 1", field="--repeat")
+    return AgentChoice(kind=args.agent, endpoint=args.endpoint, model=args.model,
+                       model_file=args.model_file, llama_server=args.llama_server,
+                       temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
+                       ctx_size=args.ctx_size)
+
+
+def _bench(args: argparse.Namespace, scenarios: list[Any], resume: Path | None) -> int:
+    from runner.bench import RunOptions, new_run_dir, run_bench
+    from runner.report import pass_at, render_table
+
+    choice = _choice(args)
+    opts = RunOptions(accel=args.accel, transport=args.transport, protocol=args.protocol,
+                      repeat=args.repeat)
+    run_dir = resume or new_run_dir(Path(args.runs_dir), choice.label())
+    _progress(f"[bench] run directory: {run_dir}")
+    episodes = run_bench(scenarios, choice, opts, run_dir, resume=resume is not None,
+                         retry_infra=args.retry_infra if hasattr(args, "retry_infra") else 0,
+                         record_to=Path(args.record_to) if args.record_to else None,
+                         progress=_progress)
+    _out(render_table(episodes, args.format))
+    if args.repeat > 1 and args.format != "json":
+        _out("")
+        _out(pass_at(episodes, args.format))
+    _out(f"\nresults: {run_dir}/results.json")
+    if any(e.verdict == "infra-error" for e in episodes):
+        return 1
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.spec import load_spec
+
+    scenario = load_spec(args.spec)
+    args.retry_infra = 0
+    code = _bench(args, [scenario], None)
+    return code
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runner.spec import load_specs, select
+
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None and not (resume / "run.json").is_file():
+        raise InvalidInput("not a run directory (no run.json)", path=str(resume), field="--resume")
+    scenarios = load_specs(_spec_paths(args.paths))
+    if args.only:
+        scenarios = select(scenarios, args.only)
+    return _bench(args, scenarios, resume)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from runner.bench import replay_one
+    from runner.cassette import find_cassettes
+    from runner.errors import ReplayMismatch
+    from runner.report import render_rows
+
+    paths = find_cassettes(args.paths)
+    if not paths:
+        raise InvalidInput("no cassettes found", path=", ".join(args.paths))
+    rows = []
+    all_same = True
+    t0 = time.monotonic()
+    for path in paths:
+        try:
+            o = replay_one(path, offline=args.offline, lenient=args.lenient, accel=args.accel,
+                           transport=args.transport, progress=_progress)
+            rows.append([str(path), o.scenario, o.recorded, o.replayed,
+                         "yes" if o.same else "NO", o.note[:80]])
+            all_same &= o.same
+        except ReplayMismatch as exc:
+            rows.append([str(path), "?", "?", "mismatch", "NO", str(exc)[:120]])
+            all_same = False
+    _out(render_rows(["cassette", "scenario", "recorded", "replayed", "same", "note"], rows,
+                     args.format))
+    if args.format != "json":
+        same = sum(1 for r in rows if r[4] == "yes")
+        _out(f"\n{same}/{len(rows)} replayed verdicts equal the recorded ones "
+             f"({time.monotonic() - t0:.1f}s)")
+    return 0 if all_same else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from runner.bench import new_run_dir
+    from runner.report import render_rows
+    from runner.spec import load_specs
+    from runner.verify import table_rows, verify_scenario
+
+    scenarios = load_specs(_spec_paths(args.paths))
+    run_dir = new_run_dir(Path("runs"), "verify")
+    record_to = Path(args.record_to) if args.record_to else None
+    if record_to:
+        record_to.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, s in enumerate(scenarios, 1):
+        _progress(f"[verify] {i}/{len(scenarios)} {s.id}")
+        v = verify_scenario(s, run_dir, accel=args.accel, transport=args.transport,
+                            record_to=record_to, progress=_progress)
+        _progress(f"[verify] {s.id}: {'valid' if v.valid else 'INVALID: ' + '; '.join(v.problems)}"
+                  f" ({v.seconds:.1f}s)")
+        results.append(v)
+    headers, rows = table_rows(results)
+    _out(render_rows(headers, rows, args.format))
+    bad = [v for v in results if not v.valid]
+    if args.format != "json":
+        _out(f"\n{len(results) - len(bad)}/{len(results)} scenarios valid")
+        for v in bad:
+            _out(f"  {v.scenario}: {'; '.join(v.problems)}")
+    return 1 if bad else 0
+
+
+def cmd_perf(args: argparse.Namespace) -> int:
+    from runner.perf import measure, render
+
+    figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
+                      model_name=args.model, progress=_progress)
+    _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from runner.report import load_results, render_table
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "results.json").is_file():
+        raise InvalidInput("not a run directory (no results.json)", path=str(run_dir))
+    _info, episodes = load_results(run_dir)
+    _out(render_table(episodes, args.format))
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from runner.images import build_image, list_images
+    from runner.report import render_rows
+
+    if args.image_command == "build":
+        built = build_image(args.name, _progress, force=args.force)
+        _out(f"{built.name}: {built.base} (sha256 {built.sha256[:16]})")
+        return 0
+    images = list_images()
+    if not images:
+        _out("no images built yet (run `rootbench image build`)")
+        return 0
+    _out(render_rows(["name", "size MB", "sha256", "age h", "dir"],
+                     [[i["name"], i["size_mb"], i["sha256"], i["age_hours"], i["dir"]] for i in images]))
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from runner.bench import DEFAULT_MODEL
+    from runner.llama import ensure_llama_server, fetch_model
+
+    if args.model_command == "setup":
+        binary = ensure_llama_server(_progress)
+        path = fetch_model(args.model or DEFAULT_MODEL, _progress)
+        _out(f"llama-server: {binary}\nmodel: {path}")
+        return 0
+    _out(str(fetch_model(args.name, _progress)))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    lines: list[str] = []
+    from runner.paths import cache_root
+
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu:
+        from runner.vm import kvm_status, qemu_version
+
+        lines.append(f"qemu: {qemu} ({qemu_version()})")
+        usable, why = kvm_status()
+        lines.append(f"accelerator: {'kvm' if usable else 'tcg'} ({why})")
+    else:
+        problems.append("qemu-system-x86_64 is not installed (run `make setup`)")
+    for tool in ("qemu-img", "mmdebstrap", "mkfs.ext4", "ssh", "ssh-keygen"):
+        if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
+            problems.append(f"{tool} is not installed (run `make setup`)")
+    try:
+        from runner.images import find_image
+
+        img = find_image(DEFAULT_IMAGE)
+        lines.append(f"image {DEFAULT_IMAGE}: {img.base if img else 'not built (make image)'}")
+        if img and qemu:
+            from runner.vm import choose_accel, snapshot_dir
+
+            snap = snapshot_dir(img, choose_accel("auto"))
+            lines.append(f"snapshot: {'present' if snap.is_dir() else 'not made yet (first run makes it)'}")
+    except RootbenchError as exc:
+        problems.append(str(exc))
+    try:
+        from runner.llama import describe_setup
+
+        lines.extend(describe_setup())
+    except ImportError:
+        lines.append("llama-server: support not installed")
+    except RootbenchError as exc:
+        problems.append(str(exc))
+    root = cache_root()
+    free_gb = shutil.disk_usage(root).free / 1e9
+    lines.append(f"cache: {root} ({free_gb:.1f} GB free)")
+    if free_gb < 3:
+        problems.append(f"less than 3 GB free under {root}")
+    for line in lines:
+        _out(line)
+    for p in problems:
+        _out(f"problem: {p}")
+    return 1 if problems else 0
+
+
+COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench": cmd_bench,
+            "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
+            "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from runner.bench import Interrupted
+
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except InvalidInput as exc:
+        print(f"rootbench: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted as exc:
+        print(f"rootbench: interrupted; everything torn down, results so far kept (exit {exc.code})",
+              file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("rootbench: interrupted", file=sys.stderr)
+        return 130
+    except InfraError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"rootbench: infrastructure error: {first}", file=sys.stderr)
+        return 1
+    except RootbenchError as exc:
+        print(f"rootbench: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno == 28:  # ENOSPC
+            print(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
+                  "results written so far are intact", file=sys.stderr)
+            return 1
+        raise
+    except BrokenPipeError:
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Scenarios that prove themselves: four checks per scenario, all on real VMs.
+
+A benchmark task is only worth something if (1) the clean machine satisfies
+its invariants, (2) its fault really lands (a success probe fails after
+setup and none errors), (3) doing nothing fails it and (4) its reference
+solution passes it without collateral damage. Peers have shipped tasks that
+failed each of these; ``rootbench verify`` runs them all.
+
+Two episodes per scenario cover the four checks: the noop agent's
+(baseline, precheck, final verdict) and the oracle's (recorded as a
+cassette, so ``make test`` can replay it offline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.agent import Episode
+from runner.bench import RunOptions, run_one
+from runner.model import noop, oracle
+from runner.protocol import get_protocol
+from runner.spec import Scenario
+
+CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
+
+
+@dataclass
+class Verification:
+    scenario: str
+    checks: dict[str, bool | None] = field(default_factory=dict)  # None: not reached
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    cassette: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return all(self.checks.get(c) is True for c in CHECKS)
+
+
+def _baseline(ep: Episode, v: Verification) -> None:
+    bad = [p for p in ep.baseline if p["outcome"] != "pass"]
+    v.checks["baseline"] = not bad and ep.stop != "infra"
+    if bad:
+        v.problems.append(f"baseline: invariant {bad[0]['name']!r} does not hold on a clean VM "
+                          f"({bad[0]['detail']})")
+
+
+def _fault(ep: Episode, v: Verification) -> None:
+    if ep.verdict == "invalid-scenario" and not ep.precheck:
+        v.checks["fault lands"] = False
+        v.problems.append(f"fault lands: {ep.reason}")
+        return
+    failing = [p for p in ep.precheck if p["outcome"] == "fail"]
+    errors = [p for p in ep.precheck if p["outcome"] == "error"]
+    v.checks["fault lands"] = bool(failing) and not errors
+    if errors:
+        v.problems.append(f"fault lands: probe {errors[0]['name']!r} errored after setup "
+                          f"({errors[0]['detail']})")
+    elif not failing:
+        v.problems.append("fault lands: every success probe passed after setup")
+
+
+def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
+                    transport: str = "serial", record_to: Path | None = None,
+                    progress: Callable[[str], None] = lambda _m: None) -> Verification:
+    """Run the four checks on ``scenario``; the oracle cassette goes to ``record_to``."""
+    t0 = time.monotonic()
+    v = Verification(scenario.id)
+    opts = RunOptions(accel=accel, transport=transport, protocol="tools")
+    tools = get_protocol("tools")
+    why = "verify: scripted agents speak native tool calls"
+
+    progress(f"[verify] {scenario.id}: noop agent")
+    ep = run_one(scenario, noop(), tools, why, opts, run_dir / f"{scenario.id}.noop.jsonl",
+                 progress=progress)
+    if ep.verdict == "infra-error":
+        v.problems.append(f"infrastructure: {ep.reason}")
+        v.seconds = round(time.monotonic() - t0, 1)
+        return v
+    _baseline(ep, v)
+    _fault(ep, v)
+    v.checks["noop fails"] = ep.verdict == "fail"
+    if ep.verdict != "fail":
+        v.problems.append(f"noop fails: the noop agent's run ended {ep.verdict} ({ep.reason})")
+
+    progress(f"[verify] {scenario.id}: oracle agent (the solution)")
+    target = (record_to or run_dir) / f"{scenario.id}.jsonl"
+    ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target,
+                 progress=progress)
+    v.cassette = str(target)
+    ok = ep.verdict == "pass" and "collateral" not in ep.flags
+    v.checks["oracle passes"] = ok
+    if not ok:
+        broken = [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+        detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict == "pass" else ep.reason
+        v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
+    v.seconds = round(time.monotonic() - t0, 1)
+    return v
+
+
+def table_rows(results: list[Verification]) -> tuple[list[str], list[list[str]]]:
+    headers = ["scenario", *CHECKS, "seconds", "problem"]
+
+    def mark(x: bool | None) -> str:
+        return "ok" if x is True else ("FAIL" if x is False else "-")
+
+    rows = [[v.scenario, *(mark(v.checks.get(c)) for c in CHECKS), f"{v.seconds:.1f}",
+             v.problems[0][:90] if v.problems else ""] for v in results]
+    return headers, rows
