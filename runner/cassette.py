@@ -126,7 +126,7 @@ class Cassette:
         except (OSError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"cannot read cassette: {exc}", path=str(path)) from None
         events = []
-        for lineno, line in enumerate(text.splitlines(), 1):
+        for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 etc. are data
             if not line.strip():
                 continue
             try:
@@ -258,6 +258,12 @@ class RecordingModel(Model):
 
     def template_supports_tools(self) -> bool | None:
         return self.inner.template_supports_tools()
+
+    def accepts_response_format(self) -> bool | None:
+        return self.inner.accepts_response_format()
+
+    def makes_native_tool_calls(self) -> bool | None:
+        return self.inner.makes_native_tool_calls()
 
 
 class Clock:

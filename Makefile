@@ -1,0 +1,70 @@
+# rootbench: `make bench` runs the benchmark, `make test` tests the harness.
+# Everything slow (image, snapshot, llama-server, model) is cached under
+# ~/.cache/rootbench (or $ROOTBENCH_CACHE), keyed by its inputs.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+RB     := $(PY) -m runner
+APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
+                python3-venv g++ cmake ninja-build
+ARGS ?=
+
+.PHONY: setup test test-fast bench replay verify perf reliability lint image doctor clean
+
+$(PY): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(PY)
+
+## setup: system packages (apt, when missing) and the Python environment; idempotent
+setup:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+	@$(MAKE) --no-print-directory $(PY)
+
+## test: lint, unit tests, real-VM tests (verify of the whole suite), real-model tests
+test: setup
+	$(PY) -m ruff check runner tests
+	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+
+## test-fast: only what needs neither a VM nor a model
+test-fast: setup
+	$(PY) -m pytest -q -m "not vm and not model" $(ARGS)
+
+## bench: every scenario with the default model (builds what is missing on first use)
+bench: setup
+	$(RB) bench $(ARGS)
+
+## replay: the committed recordings, offline (no VM, no model)
+replay: setup
+	$(RB) replay --offline recordings $(ARGS)
+
+## verify: prove every scenario valid on real VMs; oracle cassettes go to recordings/oracle
+verify: setup
+	$(RB) verify $(ARGS)
+
+## perf: speed figures
+perf: setup
+	$(RB) perf $(ARGS)
+
+## reliability: the fault matrix and the soak test
+reliability: setup
+	$(PY) -m pytest -q -s tests/test_reliability.py $(ARGS)
+
+lint: setup
+	$(PY) -m ruff check runner tests
+
+image: setup
+	$(RB) image build $(ARGS)
+
+doctor: setup
+	$(RB) doctor
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

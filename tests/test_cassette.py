@@ -1,0 +1,100 @@
+"""Cassettes: written as things happen, read back exactly, secrets never stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner.cassette import _SECRET_KEYS, Cassette, CassetteWriter, ReplayModel, find_cassettes
+from runner.errors import InvalidInput, ReplayMismatch
+from runner.model import ChatRequest
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=25)
+_events = st.lists(st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type" and k.lower() not in _SECRET_KEYS), _values, max_size=4)
+                   .map(lambda d: {"type": "guest", **d}), max_size=10)
+
+
+def _header() -> dict:
+    return {"type": "header", "format": 1, "scenario": {}, "model": {"kind": "oracle", "name": "oracle"}}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_events)
+def test_round_trip(tmp_path: Path, events: list[dict]) -> None:
+    path = tmp_path / "c.jsonl"
+    with CassetteWriter(path) as w:
+        w.write(_header())
+        for e in events:
+            w.write(e)
+    back = Cassette.load(path)
+    assert back.events == [_header(), *events]
+
+
+def test_partial_cassette_is_a_readable_prefix(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    w = CassetteWriter(path)
+    w.write(_header())
+    w.write({"type": "guest", "op": "exec"})
+    # the process "crashes" here: nothing closed, yet both events are on disk
+    assert not path.exists()
+    lines = w.partial.read_text().splitlines()
+    assert [json.loads(line)["type"] for line in lines] == ["header", "guest"]
+    w.close()
+    assert path.exists() and not w.partial.exists()
+    assert Cassette.load(path).verdict is None
+
+
+def test_secrets_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-very-secret-1234")
+    path = tmp_path / "c.jsonl"
+    with CassetteWriter(path) as w:
+        w.write({**_header(), "headers": {"Authorization": "Bearer sk-test-very-secret-1234"}})
+        w.write({"type": "model", "echo": "the key is sk-test-very-secret-1234"})
+    text = path.read_text()
+    assert "sk-test-very-secret-1234" not in text and "Bearer" not in text
+
+
+@pytest.mark.parametrize("content", ["", "not json\n", '{"no": "type"}\n', '[1]\n'])
+def test_bad_cassettes_are_invalid_input(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(InvalidInput) as info:
+        Cassette.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_find_cassettes_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="no such file"):
+        find_cassettes([tmp_path / "missing"])
+    with pytest.raises(InvalidInput, match="no cassettes"):
+        find_cassettes([tmp_path])
+
+
+def test_replay_mismatch_names_turn_and_message(tmp_path: Path) -> None:
+    from runner.cassette import RecordingModel
+    from runner.model import oracle
+
+    path = tmp_path / "c.jsonl"
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "fix it"}]
+    with CassetteWriter(path) as w:
+        w.write(_header())
+        rec = RecordingModel(oracle(["ls"]), w)
+        rec.complete(ChatRequest(messages=msgs), 5)
+        rec.complete(ChatRequest(messages=[*msgs, {"role": "user", "content": "out"}]), 5)
+    replay = ReplayModel(Cassette.load(path))
+    replay.complete(ChatRequest(messages=msgs), 5)
+    with pytest.raises(ReplayMismatch, match=r"turn 2: .*message 2 \(user\) differs"):
+        replay.complete(ChatRequest(messages=[*msgs, {"role": "user", "content": "different"}]), 5)
+    lenient = ReplayModel(Cassette.load(path), lenient=True)
+    lenient.complete(ChatRequest(messages=msgs), 5)
+    reply = lenient.complete(ChatRequest(messages=[*msgs, {"role": "user", "content": "different"}]), 5)
+    assert reply.message["tool_calls"][0]["function"]["name"] == "finish"
+    assert lenient.mismatches and "turn 2" in lenient.mismatches[0]

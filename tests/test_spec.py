@@ -1,0 +1,166 @@
+"""The spec loader: every bad input ends in one clear InvalidInput, never a traceback."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner.errors import InvalidInput
+from runner.paths import repo_root
+from runner.spec import Scenario, check_specs, load_spec, load_specs, scenario_from_text
+
+GOOD = textwrap.dedent("""\
+    id: demo
+    title: Demo
+    image: debian-12-nginx
+    task: The site is down.
+    setup: [systemctl stop nginx]
+    probes:
+      - name: nginx up
+        service: {name: nginx, active: true}
+      - http: {url: "http://localhost/", status: 200, body_contains: Welcome}
+        within: 5
+    invariants:
+      - service: {name: ssh, active: true}
+    solution: [systemctl start nginx]
+    forbidden: ['rm\\s+-rf\\s+/']
+""")
+
+
+def _write(tmp_path: Path, text: str | bytes, name: str = "x.yaml") -> Path:
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+def test_good_spec_loads_with_defaults(tmp_path: Path) -> None:
+    s = load_spec(_write(tmp_path, GOOD))
+    assert s.id == "demo" and s.budget.turns == 10 and s.budget.output_limit == 4000
+    assert [p.kind for p in s.probes] == ["service", "http"]
+    assert s.probes[0].name == "nginx up"
+    assert s.probes[1].name.startswith("http http://localhost/") and s.probes[1].within == 5.0
+    assert s.invariants[0].name == "service ssh active=true"
+    assert len(s.spec_hash) == 64
+
+
+BAD = {
+    "empty": ("", "empty"),
+    "list": ("- a\n- b\n", "mapping at the top level, not a list"),
+    "scalar": ("hello\n", "not a str"),
+    "syntax": ("id: [unclosed\n", "YAML syntax error"),
+    "duplicate key": (GOOD + "id: again\n", "duplicate key 'id'"),
+    "unknown key": (GOOD + "colour: red\n", "colour"),
+    "wrong type": (GOOD.replace("status: 200", "status: abc"), "probes[1].http.status"),
+    "out of range": (GOOD + "budget: {turns: 0}\n", "budget.turns"),
+    "unknown kind": (GOOD.replace("service: {name: ssh, active: true}", "socket: {x: 1}"),
+                     "unknown probe kind or key 'socket'"),
+    "two kinds": (GOOD.replace("service: {name: nginx, active: true}",
+                               "service: {name: nginx}\n    file: {path: /x}"), "several probe kinds"),
+    "no kind": (GOOD.replace("  - service: {name: ssh, active: true}", "  - name: lonely"),
+                "no probe kind"),
+    "bad id": (GOOD.replace("id: demo", "id: Demo!"), "id"),
+    "bad regex": (GOOD.replace("rm\\s+-rf\\s+/", "(unclosed"), "forbidden[0]"),
+    "unknown image": (GOOD.replace("image: debian-12-nginx", "image: no-such-image"),
+                      "no image recipe"),
+    "alias": (GOOD + "tags: &a [x]\ndescription: *a\n", "aliases are not allowed"),
+    "binary": (b"\x00\x01\x02garbage\xff", "binary data"),
+    "not utf8": (b"id: \xff\xfe\n", "not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gives_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    text, expected = BAD[case]
+    path = _write(tmp_path, text)
+    with pytest.raises(InvalidInput) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert message.startswith(str(path)), message
+    assert expected in message, message
+    assert "\n" not in message
+
+
+def test_error_names_the_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD.replace("status: 200", "status: abc"))
+    with pytest.raises(InvalidInput) as info:
+        load_spec(path)
+    line = next(i for i, text in enumerate(GOOD.splitlines(), 1) if "status: 200" in text)
+    assert f"{path}:{line}: probes[1].http.status: 'abc' is not of type 'integer'" == str(info.value)
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    with pytest.raises(InvalidInput, match="aliases"):
+        load_spec(_write(tmp_path, bomb))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="no such file"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_duplicate_ids_across_files(tmp_path: Path) -> None:
+    _write(tmp_path, GOOD, "a.yaml")
+    _write(tmp_path, GOOD, "b.yaml")
+    results = check_specs([tmp_path])
+    assert results[0][2] is None
+    assert results[1][2] is not None and "duplicate id 'demo'" in str(results[1][2])
+    with pytest.raises(InvalidInput, match="duplicate id"):
+        load_specs([tmp_path])
+
+
+def test_committed_specs_are_valid() -> None:
+    scenarios = load_specs([repo_root() / "specs"])
+    assert len(scenarios) >= 3
+    assert {"rogue-port-80", "permission-403", "nginx-config-syntax"} <= {s.id for s in scenarios}
+
+
+# --- property: any text is a scenario or the one invalid-spec error ------------------------
+
+_yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["id", "title", "image", "task", "setup", "probes", "http",
+                                      "service", "name", "url", "status", "budget", "turns",
+                                      "solution", "within", "x"]), children, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=400))
+def test_any_text_is_valid_or_invalid_input(text: str) -> None:
+    try:
+        result = scenario_from_text(text, "fuzz.yaml")
+    except InvalidInput as exc:
+        assert str(exc).startswith("fuzz.yaml")
+    else:
+        assert isinstance(result, Scenario)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_yaml_values)
+def test_any_yaml_structure_is_valid_or_invalid_input(value: object) -> None:
+    text = yaml.safe_dump(value)
+    try:
+        scenario_from_text(text, "fuzz.yaml")
+    except InvalidInput as exc:
+        assert str(exc).startswith("fuzz.yaml") and "\n" not in str(exc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(sorted(yaml.safe_load(GOOD))), st.data())
+def test_mutating_one_field_of_a_good_spec(key: str, data: st.DataObject) -> None:
+    spec = yaml.safe_load(GOOD)
+    spec[key] = data.draw(_yaml_values)
+    try:
+        scenario_from_text(yaml.safe_dump(spec), "fuzz.yaml")
+    except InvalidInput as exc:
+        assert "\n" not in str(exc)
