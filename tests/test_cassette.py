@@ -13,10 +13,11 @@ from runner.cassette import _SECRET_KEYS, Cassette, CassetteWriter, ReplayModel,
 from runner.errors import InvalidInput, ReplayMismatch
 from runner.model import ChatRequest
 
+_keys = st.text(max_size=10).filter(lambda k: k.lower() not in _SECRET_KEYS)
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(_keys, c, max_size=4),
     max_leaves=25)
 _events = st.lists(st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type" and k.lower() not in _SECRET_KEYS), _values, max_size=4)
                    .map(lambda d: {"type": "guest", **d}), max_size=10)
