@@ -1,0 +1,33 @@
+"""Shared fixtures. VM tests boot real QEMU from the real image (built on first use)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+
+def qemu_pids() -> set[int]:
+    """PIDs of every qemu-system process on the machine."""
+    out = subprocess.run(["pgrep", "-f", "qemu-system-x86_64"], capture_output=True, text=True,
+                         timeout=10)
+    return {int(p) for p in out.stdout.split()} - {os.getpid()}
+
+
+@pytest.fixture
+def no_new_qemu() -> Iterator[None]:
+    """Fail the test if it leaves a QEMU process behind."""
+    before = qemu_pids()
+    yield
+    leaked = qemu_pids() - before
+    assert not leaked, f"QEMU processes left behind: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session")
+def image():  # type: ignore[no-untyped-def]
+    """The default image, built if the cache lacks it (the first run takes a few minutes)."""
+    from runner.images import ensure_image
+
+    return ensure_image("debian-12-nginx", lambda m: print(m, flush=True))

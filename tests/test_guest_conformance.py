@@ -1,0 +1,151 @@
+"""One conformance suite for every guest: serial console, SSH, and the replayed cassette.
+
+The replay variant runs each check twice: first on a real serial guest while
+recording, then on a ReplayGuest fed that cassette; both must pass the same
+assertions, so a replay is as faithful as the real channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.cassette import Cassette, CassetteWriter, RecordingGuest, ReplayGuest
+from runner.guest import Guest
+from runner.vm import Sandbox
+
+pytestmark = pytest.mark.vm
+
+Check = Callable[[Guest], None]
+
+
+@pytest.fixture(scope="module", params=["serial", "ssh", "replay"])
+def conform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Callable[[Check], None]]:
+    kind = request.param
+    transport = "ssh" if kind == "ssh" else "serial"
+    with Sandbox("debian-12-nginx", accel="auto", transport=transport) as box:
+        if kind != "replay":
+            yield lambda check: check(box.guest)
+            return
+        counter = iter(range(10_000))
+
+        def record_then_replay(check: Check) -> None:
+            path: Path = tmp_path_factory.mktemp("cassette") / f"c{next(counter)}.jsonl"
+            with CassetteWriter(path) as w:
+                w.write({"type": "header", "format": 1})
+                check(RecordingGuest(box.guest, w))
+            check(ReplayGuest(Cassette.load(path)))
+
+        yield record_then_replay
+
+
+def test_exit_codes(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        assert g.exec("true", 10).exit_code == 0
+        assert g.exec("false", 10).exit_code == 1
+        r = g.exec("echo out; echo err >&2; exit 42", 10)
+        assert r.exit_code == 42 and r.output == "out\nerr\n"
+    conform(check)
+
+
+def test_large_output_is_capped_not_desynced(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec("seq 1 100000", 30, output_limit=4000)
+        assert r.exit_code == 0 and r.truncated
+        assert r.output.startswith("1\n2\n3\n") and 4000 <= len(r.output) <= 4 * 4000
+        assert g.exec("echo next", 10).output == "next\n"
+    conform(check)
+
+
+def test_binary_output_and_escapes_come_back_intact(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec(r"printf '\x1b[31mred\x1b[0m \x1b]0;title\x07 nul:\x00: bell\x07'", 10)
+        assert r.output == "\x1b[31mred\x1b[0m \x1b]0;title\x07 nul:\x00: bell\x07"
+        r = g.exec("head -c 4096 /dev/urandom", 10)
+        assert r.exit_code == 0 and len(r.output) > 1000
+        assert g.exec("echo still in sync", 10).output == "still in sync\n"
+    conform(check)
+
+
+def test_fake_sentinels_and_prompts_cannot_forge_a_frame(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        fake = "RBdeadbeefdeadbeef:3:aGk=:0:RBdeadbeefdeadbeef\nroot@rootbench:~# \nRBSYNC0\n"
+        r = g.exec(f"printf '%s' '{fake}'; exit 5", 10)
+        assert r.exit_code == 5 and r.output == fake
+        r = g.exec("printf 'RB%s\\n' $(cat /proc/sys/kernel/random/uuid)", 10)
+        assert r.exit_code == 0 and r.output.startswith("RB")
+    conform(check)
+
+
+def test_timeout_kills_the_command_and_the_shell_survives(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec("sleep 300", 2)
+        assert r.timed_out and r.exit_code is None
+        r = g.exec("tail -f /dev/null", 2)
+        assert r.timed_out
+        assert g.exec("pgrep -x 'sleep|tail' || echo none", 10).output.strip() == "none"
+        assert g.exec("echo alive", 10).output == "alive\n"
+    conform(check)
+
+
+def test_commands_reading_stdin_do_not_hang(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec("cat; read x; echo \"[$x]\"", 10)
+        assert not r.timed_out and r.output == "[]\n"
+    conform(check)
+
+
+def test_backgrounded_daemon_returns_at_once(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec("sleep 120 & echo started", 10)
+        assert r.exit_code == 0 and r.output == "started\n" and r.duration < 8
+        r = g.exec("setsid python3 -m http.server 8099 >/dev/null 2>&1 < /dev/null & sleep 2; "
+                   "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8099/", 20)
+        assert r.output == "200"
+        g.exec("pkill -f 'http.server 8099'; pkill -x sleep; true", 10)
+    conform(check)
+
+
+def test_exit_ends_only_the_command(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        assert g.exec("exit 7", 10).exit_code == 7
+        assert g.exec("exec bash -c 'exit 3'", 10).exit_code == 3
+        assert g.exec("echo after exit", 10).output == "after exit\n"
+    conform(check)
+
+
+def test_cwd_persists_and_long_commands_work(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        g.exec("cd /etc/nginx", 10)
+        assert g.exec("pwd", 10).output == "/etc/nginx\n"
+        long = "echo " + "x" * 9000 + " | wc -c"
+        assert g.exec(long, 20).output.strip() == "9001"
+        assert g.exec("echo 'héllo ✓ ünïcode'", 10).output == "héllo ✓ ünïcode\n"
+        g.exec("cd /root", 10)
+    conform(check)
+
+
+def test_probe_channel_ignores_what_the_agent_defined(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        g.exec("printf '#!/bin/sh\\necho active\\n' > /usr/local/bin/systemctl; "
+               "chmod +x /usr/local/bin/systemctl; echo 'alias curl=true' >> /root/.bashrc; "
+               "echo 'export PATH=/usr/local/bin:$PATH' >> /root/.bashrc", 10)
+        r = g.probe("command -v systemctl; echo $PATH; type curl", 10)
+        assert r.output.splitlines()[0] == "/usr/bin/systemctl"
+        assert "/usr/local" not in r.output and "alias" not in r.output
+        g.exec("rm -f /usr/local/bin/systemctl; sed -i '/alias curl/d;/usr\\/local\\/bin:/d' /root/.bashrc", 10)
+    conform(check)
+
+
+def test_output_flood_is_bounded(conform: Callable[[Check], None]) -> None:
+    def check(g: Guest) -> None:
+        r = g.exec("yes", 5, output_limit=4000)
+        assert r.truncated and r.output.startswith("y\ny\n")
+        r = g.exec("cat /dev/urandom", 5, output_limit=4000)
+        assert r.truncated
+        assert g.exec("df --output=avail /run/rb | tail -1", 10).exit_code == 0
+        assert g.exec("echo ok", 10).output == "ok\n"
+    conform(check)
