@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import qemu_pids
 
 from runner.errors import GuestDown
 from runner.images import base_sha256
 from runner.vm import Sandbox, choose_accel, kvm_status
-
-from conftest import qemu_pids
 
 pytestmark = pytest.mark.vm
 
