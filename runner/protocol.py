@@ -54,7 +54,8 @@ BASE_PROMPT = (
     "server. Find the cause of the user's problem and fix it properly, keeping everything "
     "else working. Commands run non-interactively with a timeout: never start editors, "
     "pagers or anything that waits for input (use sed, tee, cat <<'EOF', and `--no-pager`). "
-    "The server has no internet access. Look before you change things, and verify the fix."
+    "The server has no internet access. You act only by running commands: investigate first, "
+    "fix the cause, check that the fix works, and only then finish."
 )
 
 
@@ -227,11 +228,11 @@ class ToolsProtocol(Protocol):
 
 ACTION_SCHEMA: dict[str, Any] = {
     "oneOf": [
-        {"type": "object", "properties": {"thought": {"type": "string"},
-                                          "command": {"type": "string"}},
+        {"type": "object", "properties": {"thought": {"type": "string", "maxLength": 400},
+                                          "command": {"type": "string", "minLength": 1}},
          "required": ["thought", "command"], "additionalProperties": False},
-        {"type": "object", "properties": {"thought": {"type": "string"},
-                                          "finish": {"type": "string"}},
+        {"type": "object", "properties": {"thought": {"type": "string", "maxLength": 400},
+                                          "finish": {"type": "string", "maxLength": 400}},
          "required": ["thought", "finish"], "additionalProperties": False},
     ]
 }
