@@ -1,0 +1,109 @@
+"""A real HTTP server on loopback that misbehaves on purpose, like broken model servers do.
+
+It is the one fake the tests allow: a model server returning garbage is a
+fault we cannot make a real llama-server produce on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def completion(message: dict[str, Any]) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 3}}
+
+
+OK = completion({"role": "assistant", "content": '{"thought": "t", "command": "uptime"}'})
+
+
+class BadServer:
+    """Serves a script of behaviours, one per request; the last one repeats."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+
+    def next_behaviour(self) -> str:
+        with self._lock:
+            return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._send(200, b'{"total_slots": 1}')
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            server.requests.append(body)
+            server.headers.append(dict(self.headers))
+            b = server.next_behaviour()
+            if b == "ok":
+                self._send(200, json.dumps(OK).encode())
+            elif b == "invalid-json":
+                self._send(200, b"{this is not json")
+            elif b == "no-choices":
+                self._send(200, b'{"object": "chat.completion"}')
+            elif b == "bad-arguments":
+                call = {"id": "c1", "type": "function",
+                        "function": {"name": "run_command", "arguments": "{not json"}}
+                self._send(200, json.dumps(completion({"role": "assistant", "content": None,
+                                                       "tool_calls": [call]})).encode())
+            elif b == "unknown-tool":
+                call = {"id": "c1", "type": "function",
+                        "function": {"name": "format_disk", "arguments": "{}"}}
+                self._send(200, json.dumps(completion({"role": "assistant", "content": None,
+                                                       "tool_calls": [call]})).encode())
+            elif b == "empty":
+                self._send(200, json.dumps(completion({"role": "assistant", "content": ""})).encode())
+            elif b in ("500", "429", "503"):
+                self._send(int(b), b'{"error": "busy"}')
+            elif b == "stall":
+                time.sleep(30)
+                self._send(200, json.dumps(OK).encode())
+            elif b == "huge":
+                blob = json.dumps(completion({"role": "assistant", "content": "x" * (5 * 1024 * 1024)}))
+                self._send(200, blob.encode())
+            elif b == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                self.connection.close()
+            else:
+                self._send(500, b"unknown behaviour")
+
+    return Handler
+
+
+@contextmanager
+def bad_server(script: list[str]) -> Iterator[tuple[str, BadServer]]:
+    """(endpoint, state) of a running bad server; shut down on exit."""
+    state = BadServer(script)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
