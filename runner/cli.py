@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*")
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle)")
+    p.add_argument("--jobs", type=int, default=1, help="scenarios verified side by side (VMs at once)")
     p.add_argument("--format", choices=("github", "plain", "json"), default="github")
     _vm_args(p)
 
@@ -272,14 +273,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     record_to = Path(args.record_to) if args.record_to else None
     if record_to:
         record_to.mkdir(parents=True, exist_ok=True)
-    results = []
-    for i, s in enumerate(scenarios, 1):
+    if args.jobs < 1:
+        raise InvalidInput("must be at least 1", field="--jobs")
+
+    def one(item: tuple[int, Any]) -> Any:
+        i, s = item
         _progress(f"[verify] {i}/{len(scenarios)} {s.id}")
         v = verify_scenario(s, run_dir, accel=args.accel, transport=args.transport,
                             record_to=record_to, progress=_progress)
         _progress(f"[verify] {s.id}: {'valid' if v.valid else 'INVALID: ' + '; '.join(v.problems)}"
                   f" ({v.seconds:.1f}s)")
-        results.append(v)
+        return v
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, enumerate(scenarios, 1)))
     headers, rows = table_rows(results)
     _out(render_rows(headers, rows, args.format))
     bad = [v for v in results if not v.valid]

@@ -146,6 +146,8 @@ import requests as _requests  # noqa: E402
 
 from runner.errors import GuestDown as _GuestDown  # noqa: E402
 
+_LOGIN_BANNER = _re.compile(rb"\x1b\[\?2004hroot@rootbench:~# ")  # a new interactive shell prompting
+_RELOGIN = object()
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
           "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
@@ -213,6 +215,20 @@ class SerialGuest(_HostHttp, Guest):
             return None
         return self._child.match
 
+    def _expect_frame(self, frame: _re.Pattern[bytes], timeout: float) -> object:
+        try:
+            i = self._child.expect([frame, _LOGIN_BANNER, _pexpect.EOF, _pexpect.TIMEOUT],
+                                   timeout=timeout)
+        except OSError as exc:
+            self._dead = f"the serial console failed ({exc.strerror})"
+            raise _GuestDown(self._dead) from None
+        if i == 2:
+            self._dead = "the serial console closed: the VM is gone"
+            raise _GuestDown(self._dead)
+        if i == 3:
+            return None
+        return _RELOGIN if i == 1 else self._child.match
+
     def _drain(self) -> None:
         try:
             while True:
@@ -229,12 +245,22 @@ class SerialGuest(_HostHttp, Guest):
         self.sync(20)
 
     def sync(self, timeout: float) -> None:
-        """Prove the shell answers (and skip whatever was printed before)."""
-        token = new_sentinel()
-        self._send(f"\x03\nprintf '%s%s\\n' RBSYNC {token}\n")
-        if self._expect(_re.compile(rb"RBSYNC" + token.encode()), timeout) is None:
-            raise _GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
-        self._drain()
+        """Prove the shell answers (and skip whatever was printed before).
+
+        If the login shell died (an agent can kill it), getty logs root in
+        again; the new shell is found by its prompt and made quiet again.
+        """
+        deadline = _time.monotonic() + timeout
+        while True:
+            token = new_sentinel()
+            self._send(f"\x03\nprintf '%s%s\\n' RBSYNC {token}\n")
+            step = min(5.0, max(deadline - _time.monotonic(), 0.1))
+            if self._expect(_re.compile(rb"RBSYNC" + token.encode()), step) is not None:
+                self._drain()
+                return
+            self._send(_SETUP + "\n")  # harmless if the shell is merely slow; needed if it is new
+            if _time.monotonic() >= deadline:
+                raise _GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
 
     def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
         if self._dead:
@@ -251,7 +277,12 @@ class SerialGuest(_HostHttp, Guest):
                 self._send(f"printf %s {payload[i:i + INLINE_LIMIT]} >> {path}\n")
             line = wrapper(path, None, timeout, cap, sentinel, clean)
         self._send(line + "\n")
-        m = self._expect(_frame_re(sentinel), timeout + SLACK)
+        m = self._expect_frame(_frame_re(sentinel), timeout + SLACK)
+        if m is _RELOGIN:
+            # getty logged root in again: the shell this command went to is gone.
+            self.sync(30)
+            return CommandResult(None, "[the console shell was restarted; the command may not have run]",
+                                 _time.monotonic() - t0, timed_out=False)
         if m is None:
             # The wrapper's own timeout should have fired; the shell is wedged. Try to recover.
             try:

@@ -30,7 +30,7 @@ from runner.errors import InfraError, InvalidInput
 from runner.paths import cache_dir, repo_root
 
 Progress = Callable[[str], None]
-BUILD_VERSION = 3  # bump when the build steps below change what an image contains
+BUILD_VERSION = 4  # bump when the build steps below change what an image contains
 KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw quiet net.ifnames=0 panic=-1 systemd.show_status=0"
 BUILD_TIMEOUT = 3600.0
 
@@ -248,12 +248,30 @@ R="$1"
 echo rootbench > "$R/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 rootbench\n::1 localhost ip6-localhost ip6-loopback\n' > "$R/etc/hosts"
 printf '/dev/vda / ext4 defaults,noatime 0 1\ntmpfs /run/rb tmpfs size=2m,mode=0700 0 0\n' > "$R/etc/fstab"
-mkdir -p "$R/run/rb" "$R/etc/systemd/system/serial-getty@ttyS0.service.d" "$R/etc/systemd/network"
-cat > "$R/etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf" <<'EOF'
+mkdir -p "$R/run/rb" "$R/etc/systemd/network"
+# A root shell straight on the serial console: no getty, no login, no PAM
+# session (agetty's autologin session ended by itself after restores).
+cat > "$R/etc/systemd/system/rootbench-console.service" <<'EOF'
+[Unit]
+Description=rootbench root shell on ttyS0
+After=systemd-user-sessions.service
 [Service]
-ExecStart=
-ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200 %I vt220
+ExecStart=/bin/bash --login
+WorkingDirectory=/root
+Environment=HOME=/root TERM=vt220
+StandardInput=tty-force
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/ttyS0
+TTYReset=yes
+Restart=always
+RestartSec=0
+[Install]
+WantedBy=multi-user.target
 EOF
+ln -sf /dev/null "$R/etc/systemd/system/serial-getty@ttyS0.service"
+mkdir -p "$R/etc/systemd/system/multi-user.target.wants"
+ln -sf /etc/systemd/system/rootbench-console.service "$R/etc/systemd/system/multi-user.target.wants/rootbench-console.service"
 cat > "$R/etc/systemd/network/10-wired.network" <<'EOF'
 [Match]
 Name=en* eth*

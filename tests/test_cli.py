@@ -1,0 +1,103 @@
+"""The command line as users meet it: exit codes, one-line errors, offline replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.paths import repo_root
+
+ROOT = repo_root()
+
+
+def rb(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_validate_the_suite() -> None:
+    r = rb("validate")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(": ok (") >= 15
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("", "the file is empty"),
+    ("- just\n- a list\n", "mapping at the top level"),
+    ("id: x\ntitle: [\n", "YAML syntax error"),
+])
+def test_validate_bad_file_exit_2_one_line_no_traceback(tmp_path: Path, content: str,
+                                                         fragment: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    r = rb("validate", str(bad))
+    assert r.returncode == 2
+    assert r.stdout.splitlines()[0].startswith(f"{bad}:") and fragment in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["run", "no/such/spec.yaml", "--agent", "oracle"], "no/such/spec.yaml: no such file"),
+    (["replay", "--offline", "no/such/cassette.jsonl"], "no such file"),
+    (["bench", "--only", "no-such-id", "--agent", "noop"], "no scenario with id 'no-such-id'"),
+    (["run", "specs/rogue-port-80.yaml", "--model-file", "/nope.gguf"], "--model-file"),
+    (["model", "fetch", "gpt-17"], "unknown model 'gpt-17'"),
+    (["image", "build", "no-such-image"], "no image recipe 'no-such-image'"),
+    (["report", "/tmp"], "not a run directory"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], fragment: str) -> None:
+    r = rb(*args)
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_list_and_version() -> None:
+    r = rb("list", "--format", "json")
+    assert r.returncode == 0
+    ids = {row["id"] for row in json.loads(r.stdout)}
+    assert {"rogue-port-80", "permission-403", "nginx-config-syntax"} <= ids
+    assert rb("--version").stdout.startswith("rootbench ")
+
+
+def test_offline_replay_of_the_committed_recordings() -> None:
+    r = rb("replay", "--offline", "recordings")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and ".jsonl" in ln]
+    assert len(lines) >= 15 and all("| yes " in ln for ln in lines)
+
+
+def test_replay_reports_a_changed_verdict(tmp_path: Path) -> None:
+    src = sorted((ROOT / "recordings" / "oracle").glob("*.jsonl"))[0]
+    events = [json.loads(line) for line in src.read_text().splitlines() if line]
+    for e in events:
+        if e["type"] == "verdict":
+            e["verdict"] = "fail"
+    tampered = tmp_path / src.name
+    tampered.write_text("".join(json.dumps(e) + "\n" for e in events))
+    r = rb("replay", "--offline", str(tampered))
+    assert r.returncode == 1 and "| NO " in r.stdout
+
+
+def test_replay_stops_at_a_differing_request(tmp_path: Path) -> None:
+    src = ROOT / "recordings" / "oracle" / "rogue-port-80.jsonl"
+    events = [json.loads(line) for line in src.read_text().splitlines() if line]
+    header = events[0]
+    header["scenario"]["task"] = "A different task text."
+    tampered = tmp_path / "rogue.jsonl"
+    tampered.write_text("".join(json.dumps(e) + "\n" for e in events))
+    r = rb("replay", "--offline", str(tampered))
+    assert r.returncode == 1
+    assert "turn 1" in r.stdout and "message 1 (user) differs" in r.stdout
+    r = rb("replay", "--offline", "--lenient", str(tampered))
+    assert r.returncode == 0, r.stdout
+
+
+def test_doctor_runs() -> None:
+    r = rb("doctor")
+    assert "qemu:" in r.stdout and "accelerator:" in r.stdout
+    assert r.returncode in (0, 1)

@@ -1,0 +1,69 @@
+"""The guest is hostile: it reaches nothing on the host except through the forwarded ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from runner.vm import Sandbox
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture
+def host_server() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP server of the test's own on the host's loopback; records anything that connects."""
+    seen: list[bytes] = []
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    srv.settimeout(0.5)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                seen.append(conn.recv(100) or b"connected")
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhost secret\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], seen
+    stop.set()
+    t.join(timeout=5)
+    srv.close()
+
+
+def test_guest_cannot_reach_the_host_loopback(host_server: tuple[int, list[bytes]]) -> None:
+    port, seen = host_server
+    with Sandbox("debian-12-nginx", accel="auto", transport="ssh") as box:
+        # the forwarded SSH port works: the guest itself is this session
+        assert box.guest.exec("echo over ssh", 20).output == "over ssh\n"
+        r = box.guest.exec(f"curl -sS -m 5 http://10.0.2.2:{port}/; echo rc=$?", 30)
+        assert "host secret" not in r.output and "rc=0" not in r.output
+        r = box.guest.exec(f"nc -z -w 3 10.0.2.2 {port}; echo rc=$?", 30)
+        assert "rc=0" not in r.output
+        r = box.guest.exec("nc -z -w 3 10.0.2.2 22; echo rc=$?", 30)
+        assert "rc=0" not in r.output
+    assert seen == []
+
+
+def test_private_files_are_private() -> None:
+    with Sandbox("debian-12-nginx", accel="auto", transport="ssh") as box:
+        assert box._dir is not None and box._q is not None
+        assert stat.S_IMODE(os.stat(box._dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(box._q.sock_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(box._dir / "id_ed25519").st_mode) == 0o600
+        assert "restrict=on" in " ".join(box._q.argv)
+        forwards = [a for a in box._q.argv if "hostfwd" in a][0]
+        assert forwards.count("hostfwd=tcp:127.0.0.1:") == 2

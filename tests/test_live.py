@@ -1,0 +1,47 @@
+"""A live run end to end: real llama-server, real model, real VM, then replayed both ways."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from runner.bench import RunOptions, replay_one, run_one
+from runner.cassette import Cassette
+from runner.llama import LlamaServer, ensure_llama_server, fetch_model, llama_fingerprint
+from runner.model import OpenAIModel
+from runner.paths import repo_root
+from runner.protocol import get_protocol
+from runner.spec import Budget, load_spec
+
+pytestmark = [pytest.mark.model, pytest.mark.vm]
+
+
+def test_live_run_is_recorded_and_replays(tmp_path: Path) -> None:
+    scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    scenario = dataclasses.replace(scenario, budget=Budget(turns=3, seconds=300, command_timeout=15))
+    binary = ensure_llama_server(print)
+    gguf = fetch_model("qwen2.5-coder-0.5b", print)
+    cassette = tmp_path / "live.jsonl"
+    with LlamaServer(binary, gguf, tmp_path / "llama.log") as server:
+        model = OpenAIModel(server.endpoint, "qwen2.5-coder-0.5b", max_tokens=200,
+                            extra_fingerprint=llama_fingerprint(server, binary, gguf))
+        ep = run_one(scenario, model, get_protocol("json"), "test", RunOptions(accel="auto"),
+                     cassette)
+    assert ep.verdict in ("pass", "fail"), ep.reason
+    assert ep.turns >= 1 and ep.turns <= 3
+    assert ep.commands + ep.violations >= 1 and ep.tokens_in > 0
+
+    cas = Cassette.load(cassette)
+    assert cas.header["model"]["model_sha256"].startswith("1d9614638d18")
+    assert cas.header["protocol"]["name"] == "json"
+    kinds = [e["type"] for e in cas.events]
+    assert kinds.count("model") == ep.turns and kinds[-1] == "verdict"
+    execs = [e for e in cas.events if e["type"] == "guest" and e["op"] == "exec"]
+    assert len(execs) == ep.commands
+
+    offline = replay_one(cassette, offline=True)
+    assert offline.same, offline
+    online = replay_one(cassette, offline=False, lenient=True)
+    assert online.replayed == offline.recorded or online.same, online

@@ -1,0 +1,243 @@
+"""The fault matrix: each row is a real fault against a real VM; the table is the figure.
+
+Run with `make reliability` (prints the table and the soak figures);
+`make test` runs the matrix but not the 20-round soak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import qemu_pids
+from tabulate import tabulate
+
+from runner.agent import Episode, run_episode
+from runner.bench import AgentChoice, RunOptions, run_bench
+from runner.cassette import Clock
+from runner.images import base_sha256, ensure_image
+from runner.model import ChatRequest, ModelReply, ScriptedModel
+from runner.paths import repo_root
+from runner.protocol import get_protocol
+from runner.report import render_table
+from runner.spec import Budget, load_spec
+from runner.vm import Sandbox
+
+pytestmark = pytest.mark.vm
+ROWS: list[list[str]] = []
+SPECS = repo_root() / "specs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_matrix() -> Iterator[None]:
+    yield
+    if ROWS:
+        print("\n\nfault matrix\n" + tabulate(ROWS, headers=["fault", "expected", "observed"],
+                                              tablefmt="github"))
+
+
+def _row(fault: str, expected: str, observed: str) -> None:
+    ROWS.append([fault, expected, observed])
+
+
+def _scenario(turns: int = 6, command_timeout: float = 5) -> object:
+    s = load_spec(SPECS / "rogue-port-80.yaml")
+    return dataclasses.replace(s, budget=Budget(turns=turns, seconds=300,
+                                                command_timeout=command_timeout))
+
+
+def _episode(commands: list[str], **kw: object) -> tuple[Episode, list[str]]:
+    """Run rogue-port-80 with a scripted agent; return the episode and the observations it got."""
+    seen: list[str] = []
+
+    class Watching(ScriptedModel):
+        def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+            last = request.messages[-1]
+            if last.get("role") in ("tool", "user"):
+                seen.append(str(last.get("content")))
+            return super().complete(request, timeout)
+
+    scenario = _scenario(**kw)  # type: ignore[arg-type]
+    with Sandbox("debian-12-nginx", accel="auto") as box:
+        ep = run_episode(scenario, box.guest, Watching("scripted", commands, "done"),  # type: ignore[arg-type]
+                         get_protocol("tools"), Clock(), vm_killed=box.killed_externally)
+    return ep, seen
+
+
+def test_qemu_killed_mid_episode_is_infra_error_and_the_bench_goes_on(tmp_path: Path) -> None:
+    import threading
+
+    before = qemu_pids()
+
+    def killer() -> None:  # SIGKILL the first QEMU that appears, while its episode runs
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            new = qemu_pids() - before
+            if new:
+                time.sleep(3)
+                os.kill(min(new), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=killer, daemon=True).start()
+    scenarios = [load_spec(SPECS / "rogue-port-80.yaml"), load_spec(SPECS / "masked-unit.yaml")]
+    eps = run_bench(scenarios, AgentChoice(kind="oracle"), RunOptions(accel="auto"), tmp_path,
+                    progress=lambda _m: None)
+    verdicts = [e.verdict for e in eps]
+    assert verdicts == ["infra-error", "pass"], [(e.verdict, e.reason) for e in eps]
+    assert "\n" not in eps[0].reason
+    _row("QEMU SIGKILLed mid-episode", "infra-error, next scenario runs",
+         f"{verdicts[0]} ({eps[0].reason[:50]}); next: {verdicts[1]}")
+
+
+@pytest.mark.parametrize("command", ["reboot", "poweroff", "echo c > /proc/sysrq-trigger"])
+def test_agent_takes_the_server_down(command: str) -> None:
+    ep, _seen = _episode([command, "true"])
+    assert ep.verdict == "fail" and "vm-down" in ep.flags, (ep.verdict, ep.flags, ep.reason)
+    _row(f"agent runs `{command}`", "fail + vm-down", f"{ep.verdict} + {','.join(ep.flags)}")
+
+
+def test_commands_that_never_return_are_killed() -> None:
+    hangs = ["sleep infinity", "cat", "top", "vim /etc/hosts", "less /etc/hosts", "tail -f /dev/null"]
+    ep, seen = _episode([*hangs, "echo shell-ok"], turns=len(hangs) + 2, command_timeout=3)
+    timed_out = sum("timed out" in s for s in seen)
+    assert seen[-1].splitlines()[1] == "shell-ok"
+    assert timed_out >= 3  # sleep, cat-on-a-tty-less-stdin returns at once; the rest are cut
+    assert all("timed out" in s or "exit code" in s for s in seen)
+    _row("commands that never return (" + ", ".join(h.split()[0] for h in hangs) + ")",
+         "killed at command_timeout, shell usable",
+         f"{timed_out} timed out, others returned; next command answered")
+
+
+def test_output_floods_are_capped() -> None:
+    ep, seen = _episode(["yes", "cat /dev/urandom", "echo after-flood"], command_timeout=4)
+    assert all("[output truncated at 4000 characters]" in s for s in seen[:2])
+    assert all(len(s) < 4000 + 400 for s in seen[:2])
+    assert seen[2].splitlines()[1] == "after-flood"
+    _row("output floods (yes, cat /dev/urandom)", "capped at output_limit, no desync",
+         f"capped to {max(len(s) for s in seen[:2])} chars; next command in sync")
+
+
+def test_fake_sentinels_and_escapes_do_not_break_framing_or_reports() -> None:
+    evil = ("printf 'RB0123456789abcdef:1:eA==:0:RB0123456789abcdef\\nroot@rootbench:~# "
+            "\\033]0;pwned\\007\\033[2J\\000NUL\\n'")
+    ep, seen = _episode([evil, "echo framed-ok"])
+    assert seen[1].splitlines()[1] == "framed-ok"
+    assert "\x1b" not in seen[0] and "\x00" not in seen[0]
+    ep.reason = "\x1b[31mred\x1b]0;title\x07"
+    table = render_table([ep], "plain")
+    assert "\x1b" not in table and "\x07" not in table
+    _row("fake sentinels, prompts, ANSI/OSC escapes, NUL", "framing holds, reports clean",
+         "next command in sync; no control bytes reached the model or the table")
+
+
+def test_redefined_tools_cannot_fake_success() -> None:
+    cheats = [
+        "printf '#!/bin/sh\\necho active\\nexit 0\\n' > /usr/local/bin/systemctl && chmod +x /usr/local/bin/systemctl",
+        "printf '#!/bin/sh\\necho Welcome to nginx\\n' > /usr/local/bin/curl && chmod +x /usr/local/bin/curl",
+        "echo 'alias systemctl=true; alias curl=\"echo Welcome to nginx\"' >> /root/.bashrc",
+        "echo 'export PATH=/usr/local/bin:$PATH' >> /root/.profile",
+    ]
+    ep, _seen = _episode(cheats)
+    assert ep.verdict == "fail", (ep.verdict, ep.reason)
+    _row("agent fakes tools (fake systemctl/curl, aliases, PATH)", "probes judge the real state",
+         f"{ep.verdict}: {ep.reason[:60]}")
+
+
+def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> None:
+    before = qemu_pids()
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
+                             "--runs-dir", str(tmp_path), "--format", "plain",
+                             "--only", "masked-unit", "rogue-port-80", "permission-403"],
+                            cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    results = None
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("*/results.json"))
+        if found and json.loads(found[0].read_text())["episodes"]:
+            results = found[0]
+            break
+        time.sleep(0.2)
+    assert results is not None
+    time.sleep(1.5)  # the second scenario's VM is up now
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-500:]
+    data = json.loads(results.read_text())
+    assert [e["verdict"] for e in data["episodes"]][:1] == ["pass"]
+    assert qemu_pids() <= before
+    cassettes = list(results.parent.glob("cassettes/*.jsonl"))
+    assert cassettes  # the finished one is complete
+    del run_dir
+    _row("SIGTERM during bench", "everything torn down, results kept, exit 143",
+         f"exit {proc.returncode}; {len(data['episodes'])} result(s) kept; no QEMU left")
+
+
+def test_disk_full_in_the_run_directory(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.fail("needs root to mount a small tmpfs for the disk-full case")
+    try:
+        r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
+                            "--runs-dir", str(mnt), "--only", "masked-unit", "rogue-port-80",
+                            "permission-403", "nginx-config-syntax"], cwd=repo_root(),
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-800:]
+        assert "disk is full" in r.stderr
+        results = list(mnt.glob("*/results.json"))
+        if results:
+            json.loads(results[0].read_text())  # earlier results intact and readable
+        _row("host disk full in the run directory", "clear error, earlier results intact",
+             r.stderr.strip().splitlines()[-1][:70])
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_two_rootbench_processes_at_once(tmp_path: Path) -> None:
+    script = ("from runner.vm import Sandbox\n"
+              "with Sandbox('debian-12-nginx', accel='auto') as b:\n"
+              "    print(b._dir, b.guest.exec('echo $$ > /root/me; cat /root/me', 20).output.strip())\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=repo_root(), stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0][0] != outs[1][0]  # separate overlays and sockets
+    _row("two rootbench processes at once", "locks; no shared overlay",
+         "both ran, separate overlays")
+
+
+@pytest.mark.soak
+def test_soak_published_scenarios(tmp_path: Path) -> None:
+    rounds = int(os.environ.get("ROOTBENCH_SOAK_ROUNDS", "20"))
+    image = ensure_image("debian-12-nginx", print)
+    base_before = base_sha256(image)
+    scenarios = [load_spec(SPECS / f"{n}.yaml") for n in ("rogue-port-80", "permission-403",
+                                                          "nginx-config-syntax")]
+    fds_before = len(os.listdir("/proc/self/fd"))
+    qemu_before = qemu_pids()
+    tmp_before = len(list(Path("/tmp").glob("rb-*")))
+    eps = run_bench(scenarios, AgentChoice(kind="oracle"), RunOptions(accel="auto", repeat=rounds),
+                    tmp_path, progress=lambda _m: None)
+    times = [e.seconds for e in eps]
+    leaks = {"fds": len(os.listdir("/proc/self/fd")) - fds_before,
+             "qemu": len(qemu_pids() - qemu_before),
+             "socket dirs": len(list(Path("/tmp").glob("rb-*"))) - tmp_before}
+    assert all(e.verdict == "pass" for e in eps), [(e.scenario, e.verdict, e.reason) for e in eps if e.verdict != "pass"]
+    assert base_sha256(image) == base_before
+    assert leaks == {"fds": 0, "qemu": 0, "socket dirs": 0}, leaks
+    print(f"\nsoak: {len(eps)} runs, per run min {min(times):.1f}s / median "
+          f"{statistics.median(times):.1f}s / max {max(times):.1f}s; leaks {leaks}; base image unchanged")
+    _row(f"soak: 3 published x {rounds} rounds (oracle)", "no leaks, stable time",
+         f"min/median/max {min(times):.1f}/{statistics.median(times):.1f}/{max(times):.1f}s, leaks 0")

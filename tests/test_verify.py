@@ -1,0 +1,53 @@
+"""Every scenario proves itself on real VMs, and verify catches scenarios that do not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from runner.paths import repo_root
+
+pytestmark = pytest.mark.vm
+
+
+def _verify(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "verify", "--jobs", "2", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=repo_root())
+
+
+def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
+    r = _verify("--record-to", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    specs = sorted((repo_root() / "specs").glob("*.yaml"))
+    assert f"{len(specs)}/{len(specs)} scenarios valid" in r.stdout
+    assert len(list(tmp_path.glob("*.jsonl"))) == len(specs)
+
+
+BROKEN = {
+    "fault-does-not-land": ("setup: [true]\nsolution: [true]\n", "fault lands"),
+    "wrong-solution": ("setup: [systemctl stop nginx]\nsolution: ['echo not a fix']\n", "oracle passes"),
+    "bad-invariant": ("setup: [systemctl stop nginx]\nsolution: [systemctl start nginx]\n"
+                      "invariants: [{service: {name: no-such-unit, active: true}}]\n", "baseline"),
+}
+
+
+def test_verify_names_the_failing_check(tmp_path: Path) -> None:
+    for name, (extra, _check) in BROKEN.items():
+        (tmp_path / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+            id: {name}
+            title: broken on purpose
+            image: debian-12-nginx
+            task: The site is down.
+            probes:
+              - service: {{name: nginx, active: true}}
+            """) + extra)
+    r = _verify(str(tmp_path), "--record-to", str(tmp_path / "rec"))
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    for name, (_extra, check) in BROKEN.items():
+        line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith(f"{name}:"))
+        assert check in line, line
+    assert "0/3 scenarios valid" in r.stdout
