@@ -253,12 +253,13 @@ class SerialGuest(_HostHttp, Guest):
         deadline = _time.monotonic() + timeout
         while True:
             token = new_sentinel()
-            self._send(f"\x03\nprintf '%s%s\\n' RBSYNC {token}\n")
+            # The quieting line is idempotent, so it goes first every time: a shell
+            # that was replaced (or never set up) is put right before it is trusted.
+            self._send(f"\x03\n{_SETUP}\nprintf '%s%s\\n' RBSYNC {token}\n")
             step = min(5.0, max(deadline - _time.monotonic(), 0.1))
             if self._expect(_re.compile(rb"RBSYNC" + token.encode()), step) is not None:
                 self._drain()
                 return
-            self._send(_SETUP + "\n")  # harmless if the shell is merely slow; needed if it is new
             if _time.monotonic() >= deadline:
                 raise _GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
 
