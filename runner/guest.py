@@ -154,10 +154,19 @@ _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; un
 
 
 class _HostHttp:
-    """GET through a forwarded port on the host's loopback (never anywhere else)."""
+    """What both real guests share: framed exec/probe over ``_run``, and host-side HTTP."""
 
     def __init__(self, forwards: dict[int, int]) -> None:
         self.forwards = dict(forwards)
+
+    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
+        raise NotImplementedError
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        return self._run(command, timeout, output_limit, clean=False)
+
+    def probe(self, command: str, timeout: float) -> CommandResult:
+        return self._run(command, timeout, 64000, clean=True)
 
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
         host_port = self.forwards.get(guest_port)
@@ -296,12 +305,6 @@ class SerialGuest(_HostHttp, Guest):
         assert result is not None
         return result
 
-    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
-        return self._run(command, timeout, output_limit, clean=False)
-
-    def probe(self, command: str, timeout: float) -> CommandResult:
-        return self._run(command, timeout, 64000, clean=True)
-
     def alive(self) -> bool:
         if self._dead:
             return False
@@ -379,12 +382,6 @@ class SshGuest(_HostHttp, Guest):
             return CommandResult(r.returncode, r.stdout.decode(errors="replace")[-2000:],
                                  _time.monotonic() - t0)
         return result
-
-    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
-        return self._run(command, timeout, output_limit, clean=False)
-
-    def probe(self, command: str, timeout: float) -> CommandResult:
-        return self._run(command, timeout, 64000, clean=True)
 
     def alive(self) -> bool:
         if self._dead:

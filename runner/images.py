@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -316,7 +317,7 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
            f"find '{apt_cache}' -maxdepth 1 -name '*.deb' -exec cp -t \"$1/var/cache/apt/archives/\" {{}} +",
            f"--customize-hook=sh {provision} \"$1\" {key}.pub"]
     for command in recipe.commands:
-        cmd.append(f"--customize-hook=chroot \"$1\" sh -ec {_shq(command)}")
+        cmd.append(f"--customize-hook=chroot \"$1\" sh -ec {shlex.quote(command)}")
     cmd += [f"--customize-hook=find \"$1/var/cache/apt/archives\" -maxdepth 1 -name '*.deb' "
             f"-exec cp -n -t '{apt_cache}' {{}} +",
             "--customize-hook=rm -f \"$1\"/var/cache/apt/archives/*.deb",
@@ -339,7 +340,7 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
     _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(base)], progress, "qemu-img")
     raw.unlink()
     shutil.rmtree(rootfs)
-    sha = _sha256(base)
+    sha = file_sha256(base)
     os.chmod(base, 0o444)
     built_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     meta = {"name": recipe.name, "recipe_key": recipe.key, "sha256": sha,
@@ -354,11 +355,7 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
     return built
 
 
-def _shq(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -368,4 +365,4 @@ def _sha256(path: Path) -> str:
 
 def base_sha256(image: BuiltImage) -> str:
     """Hash the base now (tests compare it with the recorded one)."""
-    return _sha256(image.base)
+    return file_sha256(image.base)

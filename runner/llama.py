@@ -27,7 +27,7 @@ from typing import Any
 import requests
 
 from runner.errors import InfraError, InvalidInput, ModelServerError
-from runner.images import file_lock
+from runner.images import file_lock, file_sha256
 from runner.paths import cache_dir
 
 Progress = Callable[[str], None]
@@ -149,14 +149,6 @@ def _server_env(binary: Path) -> dict[str, str]:
     _fix_symlinks(binary.parent)
     old = os.environ.get("LD_LIBRARY_PATH")
     return {**os.environ, "LD_LIBRARY_PATH": f"{bin_dir}:{old}" if old else bin_dir}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- models ------------------------------------------------------------------------------------

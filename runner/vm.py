@@ -83,13 +83,17 @@ def record_kvm_unusable(why: str) -> None:
     _kvm_verdict_file().write_text(json.dumps({"usable": False, "why": why}) + "\n")
 
 
+_told = {"kvm": False}  # say the fallback once per process, not once per VM
+
+
 def choose_accel(pref: str, progress: Progress | None = None) -> str:
     if pref in ("kvm", "tcg"):
         return pref
     usable, why = kvm_status()
     if not usable:
-        if progress:
-            progress(f"[vm] KVM unusable ({why}); using TCG (slower, works everywhere)")
+        if progress and not _told["kvm"]:
+            _told["kvm"] = True
+            progress(f"[vm] KVM unusable ({why[:120]}); using TCG (slower, works everywhere)")
         return "tcg"
     return "kvm"
 
