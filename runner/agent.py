@@ -74,7 +74,8 @@ class Episode:
 
     @property
     def prompt_tps(self) -> float | None:
-        return self.tokens_in / (self.prompt_ms / 1000) if self.prompt_ms else None
+        evaluated = self.tokens_in - self.tokens_cached  # cached prompt tokens cost nothing
+        return evaluated / (self.prompt_ms / 1000) if self.prompt_ms and evaluated > 0 else None
 
     @property
     def gen_tps(self) -> float | None:
