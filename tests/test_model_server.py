@@ -92,18 +92,26 @@ def test_bad_messages_go_back_to_the_model(behaviour: str) -> None:
 
 @pytest.mark.vm
 def test_episode_against_a_broken_server_is_infra_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runner.bench import RunOptions, run_one
-    from runner.cassette import Cassette
+    from runner.agent import run_episode
+    from runner.cassette import Cassette, CassetteWriter, Clock, RecordingGuest, RecordingModel
     from runner.paths import repo_root
     from runner.protocol import get_protocol
     from runner.spec import load_spec
+    from runner.vm import Sandbox
 
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
-    with bad_server(["500"]) as (url, _state):
-        ep = run_one(scenario, _model(url, retries=1), get_protocol("json"), "test",
-                     RunOptions(accel="tcg"), tmp_path / "c.jsonl")
-    assert ep.verdict == "infra-error" and "\n" not in ep.reason and "HTTP 500" in ep.reason
-    cas = Cassette.load(tmp_path / "c.jsonl")
+    path = tmp_path / "c.jsonl"
+    with bad_server(["500"]) as (url, state), Sandbox(scenario.image, accel="tcg") as box, \
+            CassetteWriter(path) as writer:
+        model = _model(url, retries=1)
+        writer.write({"type": "header", "format": 1, "model": model.fingerprint()})
+        ep = run_episode(scenario, RecordingGuest(box.guest, writer),
+                         RecordingModel(model, writer), get_protocol("json"),
+                         Clock(writer), writer)
+    assert ep.verdict == "infra-error", ep.reason
+    assert "\n" not in ep.reason and "HTTP 500" in ep.reason
+    assert len(state.requests) == 2 and state.headers[0]["Authorization"] == f"Bearer {KEY}"
+    cas = Cassette.load(path)
     assert cas.verdict and cas.verdict["verdict"] == "infra-error"
-    assert [e["type"] for e in cas.events if e["type"] == "model-error"]
-    assert KEY not in (tmp_path / "c.jsonl").read_text()
+    assert any(e["type"] == "model-error" for e in cas.events)
+    assert KEY not in path.read_text()
