@@ -253,7 +253,7 @@ class LlamaServer:
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
-        self.threads = threads or max(1, min(os.cpu_count() or 2, 4))
+        self.threads = threads or 2  # the machine has 2 cores; more threads only contend
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
