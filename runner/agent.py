@@ -34,6 +34,7 @@ from runner.spec import Scenario
 
 VERDICTS = ("pass", "fail", "infra-error", "invalid-scenario")
 MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
+SETUP_TIMEOUT = 60.0  # seconds each fault command may take, whatever the agent's command_timeout
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|"
                       r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -229,7 +230,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
     baseline = run_probes(guest, scenario.invariants, clock, wait=False)
     ep.baseline = _as_dicts(baseline)
     for i, command in enumerate(scenario.setup):
-        result = guest.probe(command, float(scenario.budget.command_timeout))
+        result = guest.probe(command, max(float(scenario.budget.command_timeout), SETUP_TIMEOUT))
         if result.timed_out or result.exit_code != 0:
             ep.verdict, ep.stop = "invalid-scenario", "invalid"
             ep.reason = (f"setup[{i}] {'timed out' if result.timed_out else f'exited {result.exit_code}'}"

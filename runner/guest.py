@@ -165,6 +165,11 @@ class _HostHttp:
     def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
         return self._run(command, timeout, output_limit, clean=False)
 
+    def _shutting_down(self) -> bool:
+        """A reboot or poweroff the agent started may take a while; the server is down all the same."""
+        r = self._run("systemctl is-system-running 2>/dev/null; true", 15, 200, clean=True)
+        return r.output.strip() == "stopping"
+
     def probe(self, command: str, timeout: float) -> CommandResult:
         return self._run(command, timeout, 64000, clean=True)
 
@@ -310,7 +315,7 @@ class SerialGuest(_HostHttp, Guest):
             return False
         try:
             self.sync(15)
-            return True
+            return not self._shutting_down()
         except _GuestDown:
             return False
 
@@ -391,7 +396,10 @@ class SshGuest(_HostHttp, Guest):
                                 stdin=_subprocess.DEVNULL)
         except _subprocess.TimeoutExpired:
             return False
-        return r.returncode == 0
+        try:
+            return r.returncode == 0 and not self._shutting_down()
+        except _GuestDown:
+            return False
 
     def close(self) -> None:
         try:

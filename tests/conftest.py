@@ -16,6 +16,13 @@ def qemu_pids() -> set[int]:
     return {int(p) for p in out.stdout.split()} - {os.getpid()}
 
 
+def qemu_children() -> set[int]:
+    """QEMU processes started by this very process (other rootbench runs are left alone)."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "qemu-system-x86_64"],
+                         capture_output=True, text=True, timeout=10)
+    return {int(p) for p in out.stdout.split()}
+
+
 @pytest.fixture
 def no_new_qemu() -> Iterator[None]:
     """Fail the test if it leaves a QEMU process behind."""

@@ -6,6 +6,7 @@ Run with `make reliability` (prints the table and the soak figures);
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import qemu_pids
+from conftest import qemu_children, qemu_pids
 from tabulate import tabulate
 
 from runner.agent import Episode, run_episode
-from runner.bench import AgentChoice, RunOptions, run_bench
+from runner.bench import AgentChoice, RunOptions, run_bench, run_one
 from runner.cassette import Clock
 from runner.images import base_sha256, ensure_image
 from runner.model import ChatRequest, ModelReply, ScriptedModel
@@ -62,7 +63,7 @@ def _episode(commands: list[str], **kw: object) -> tuple[Episode, list[str]]:
     class Watching(ScriptedModel):
         def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
             last = request.messages[-1]
-            if last.get("role") in ("tool", "user"):
+            if last.get("role") == "tool":
                 seen.append(str(last.get("content")))
             return super().complete(request, timeout)
 
@@ -74,29 +75,30 @@ def _episode(commands: list[str], **kw: object) -> tuple[Episode, list[str]]:
 
 
 def test_qemu_killed_mid_episode_is_infra_error_and_the_bench_goes_on(tmp_path: Path) -> None:
-    import threading
+    class KillsTheVm(ScriptedModel):
+        """On its second turn, SIGKILLs the QEMU this process started (a real outside kill)."""
 
-    before = qemu_pids()
+        def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+            if self._turn == 1:
+                for pid in qemu_children():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.5)
+            return super().complete(request, timeout)
 
-    def killer() -> None:  # SIGKILL the first QEMU that appears, while its episode runs
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            new = qemu_pids() - before
-            if new:
-                time.sleep(3)
-                os.kill(min(new), signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=killer, daemon=True).start()
-    scenarios = [load_spec(SPECS / "rogue-port-80.yaml"), load_spec(SPECS / "masked-unit.yaml")]
-    eps = run_bench(scenarios, AgentChoice(kind="oracle"), RunOptions(accel="auto"), tmp_path,
-                    progress=lambda _m: None)
-    verdicts = [e.verdict for e in eps]
-    assert verdicts == ["infra-error", "pass"], [(e.verdict, e.reason) for e in eps]
-    assert "\n" not in eps[0].reason
+    rogue = load_spec(SPECS / "rogue-port-80.yaml")
+    masked = load_spec(SPECS / "masked-unit.yaml")
+    opts = RunOptions(accel="auto")
+    tools = get_protocol("tools")
+    first = run_one(rogue, KillsTheVm("oracle", list(rogue.solution), "done"), tools, "t", opts,
+                    tmp_path / "a.jsonl")
+    second = run_one(masked, ScriptedModel("oracle", list(masked.solution), "done"), tools, "t",
+                     opts, tmp_path / "b.jsonl")
+    assert first.verdict == "infra-error", (first.verdict, first.reason)
+    assert "\n" not in first.reason and "killed from outside" in first.reason
+    assert second.verdict == "pass", second.reason
     _row("QEMU SIGKILLed mid-episode", "infra-error, next scenario runs",
-         f"{verdicts[0]} ({eps[0].reason[:50]}); next: {verdicts[1]}")
+         f"{first.verdict} ({first.reason[:45]}); next: {second.verdict}")
 
 
 @pytest.mark.parametrize("command", ["reboot", "poweroff", "echo c > /proc/sysrq-trigger"])
