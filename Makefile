@@ -31,7 +31,7 @@ setup:
 ## test: lint, unit tests, real-VM tests (verify of the whole suite), real-model tests
 test: setup
 	$(PY) -m ruff check runner tests
-	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not soak and not reliability" $(ARGS)
 
 ## test-fast: only what needs neither a VM nor a model
 test-fast: setup

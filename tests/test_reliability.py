@@ -33,7 +33,7 @@ from runner.report import render_table
 from runner.spec import Budget, load_spec
 from runner.vm import Sandbox
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.reliability]
 ROWS: list[list[str]] = []
 SPECS = repo_root() / "specs"
 
