@@ -364,6 +364,11 @@ class ReplayModel(Model):
         return dict(self._fingerprint)
 
 
+def _served(given: dict[str, Any]) -> dict[str, Any]:
+    """The part of a guest call that decides its answer (not its timeout or output cap)."""
+    return {k: v for k, v in given.items() if k not in ("timeout", "output_limit")}
+
+
 class ReplayGuest(Guest):
     """Serves recorded guest exchanges, in order, checking each call matches."""
 
@@ -372,11 +377,8 @@ class ReplayGuest(Guest):
 
     def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
         event = self._stream.next(f"{op} {given}")
-        recorded = event.get("input") or {}
         # A changed timeout or cap does not change what was served; a changed command does.
-        if event.get("op") != op or recorded.get("command") != given.get("command") or \
-                {k: v for k, v in recorded.items() if k not in ("timeout", "output_limit")} != \
-                {k: v for k, v in given.items() if k not in ("timeout", "output_limit")}:
+        if event.get("op") != op or _served(event.get("input") or {}) != _served(given):
             raise ReplayMismatch(
                 f"guest exchange {self._stream.served}: the run wanted {op} {given!r}, "
                 f"the cassette has {event.get('op')} {event.get('input')!r}")

@@ -197,7 +197,7 @@ def _bench(args: argparse.Namespace, scenarios: list[Any], resume: Path | None) 
     run_dir = resume or new_run_dir(Path(args.runs_dir), choice.label())
     _progress(f"[bench] run directory: {run_dir}")
     episodes = run_bench(scenarios, choice, opts, run_dir, resume=resume is not None,
-                         retry_infra=args.retry_infra if hasattr(args, "retry_infra") else 0,
+                         retry_infra=args.retry_infra,
                          record_to=Path(args.record_to) if args.record_to else None,
                          progress=_progress)
     _out(render_table(episodes, args.format))
@@ -214,9 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runner.spec import load_spec
 
     scenario = load_spec(args.spec)
-    args.retry_infra = 0
-    code = _bench(args, [scenario], None)
-    return code
+    args.retry_infra = 0  # `run` has no --retry-infra; one scenario, one try
+    return _bench(args, [scenario], None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -237,9 +236,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from runner.errors import ReplayMismatch
     from runner.report import render_rows
 
-    paths = find_cassettes(args.paths)
-    if not paths:
-        raise InvalidInput("no cassettes found", path=", ".join(args.paths))
+    paths = find_cassettes(args.paths)  # raises InvalidInput when there are none
     rows = []
     all_same = True
     t0 = time.monotonic()

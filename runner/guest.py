@@ -8,7 +8,20 @@ guests (serial console, SSH) live here; the replay guest lives in
 from __future__ import annotations
 
 import abc
+import base64
+import re
+import secrets
+import shlex
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
+
+import pexpect
+import pexpect.fdpexpect
+import requests
+
+from runner.errors import GuestDown
 
 
 @dataclass(frozen=True)
@@ -70,18 +83,14 @@ class Guest(abc.ABC):
 # typed text reads "RB" "sentinel" apart), so nothing the command prints or an
 # echoed command line can forge the frame.
 
-import base64 as _b64  # noqa: E402 - grouped with the framing it serves
-import re as _re  # noqa: E402
-import secrets as _secrets  # noqa: E402
-import shlex as _shlex  # noqa: E402
 
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 INLINE_LIMIT = 2000  # base64 chars sent inline; longer payloads go in chunks (tty lines cap at 4096)
 
 
-def _frame_re(sentinel: str) -> _re.Pattern[bytes]:
+def _frame_re(sentinel: str) -> re.Pattern[bytes]:
     s = sentinel.encode()
-    return _re.compile(rb"RB" + s + rb":(\d+):([A-Za-z0-9+/=]*):(\d+):RB" + s)
+    return re.compile(rb"RB" + s + rb":(\d+):([A-Za-z0-9+/=]*):(\d+):RB" + s)
 
 
 def wrapper(command_file: str | None, payload: str | None, timeout: float, cap: int,
@@ -110,7 +119,7 @@ def parse_frame(data: bytes, sentinel: str, duration: float, cap: int) -> Comman
         return None
     size, blob, rc = int(m.group(1)), m.group(2), int(m.group(3))
     try:
-        raw = _b64.b64decode(blob + b"=" * (-len(blob) % 4))
+        raw = base64.b64decode(blob + b"=" * (-len(blob) % 4))
     except ValueError:
         raw = b""
     output = raw.decode("utf-8", errors="replace")
@@ -119,11 +128,11 @@ def parse_frame(data: bytes, sentinel: str, duration: float, cap: int) -> Comman
 
 
 def new_sentinel() -> str:
-    return _secrets.token_hex(8)
+    return secrets.token_hex(8)
 
 
 def encode_command(command: str) -> str:
-    return _b64.b64encode(command.encode("utf-8", errors="surrogateescape")).decode()
+    return base64.b64encode(command.encode("utf-8", errors="surrogateescape")).decode()
 
 
 def output_cap(output_limit: int | None) -> int:
@@ -131,29 +140,18 @@ def output_cap(output_limit: int | None) -> int:
     return min(max(output_limit or 16000, 256) * 4, 1 << 20)
 
 
-def quote(text: str) -> str:
-    return _shlex.quote(text)
-
-
 # --- the serial console guest ---------------------------------------------------------------
 
-import socket as _socket  # noqa: E402
-import time as _time  # noqa: E402
 
-import pexpect as _pexpect  # noqa: E402
-import pexpect.fdpexpect as _fdpexpect  # noqa: E402
-import requests as _requests  # noqa: E402
 
-from runner.errors import GuestDown as _GuestDown  # noqa: E402
 
-_LOGIN_BANNER = _re.compile(rb"\x1b\[\?2004hroot@rootbench:~# ")  # a new interactive shell prompting
-_RELOGIN = object()
+_NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@rootbench:~# ")  # a fresh interactive shell prompting
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
           "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
 
 
-class _HostHttp:
+class _FramedGuest:
     """What both real guests share: framed exec/probe over ``_run``, and host-side HTTP."""
 
     def __init__(self, forwards: dict[int, int]) -> None:
@@ -177,35 +175,35 @@ class _HostHttp:
         host_port = self.forwards.get(guest_port)
         if host_port is None:
             return HttpResult(None, "", error=f"guest port {guest_port} is not forwarded")
-        t0 = _time.monotonic()
+        t0 = time.monotonic()
         try:
-            with _requests.get(f"http://127.0.0.1:{host_port}{path}", timeout=(timeout, timeout),
+            with requests.get(f"http://127.0.0.1:{host_port}{path}", timeout=(timeout, timeout),
                                allow_redirects=False, stream=True) as r:
                 body = r.raw.read(1 << 20, decode_content=True) or b""
                 return HttpResult(r.status_code, body.decode("utf-8", errors="replace"),
-                                  duration=_time.monotonic() - t0)
-        except (_requests.RequestException, OSError) as exc:
-            return HttpResult(None, "", error=type(exc).__name__, duration=_time.monotonic() - t0)
+                                  duration=time.monotonic() - t0)
+        except (requests.RequestException, OSError) as exc:
+            return HttpResult(None, "", error=type(exc).__name__, duration=time.monotonic() - t0)
 
 
-class SerialGuest(_HostHttp, Guest):
-    """The root shell that autologin leaves on the VM's serial console (a unix socket)."""
+class SerialGuest(_FramedGuest, Guest):
+    """The root shell the image's console service keeps on the serial port (a unix socket)."""
 
     def __init__(self, socket_path: str, forwards: dict[int, int], connect_timeout: float = 10.0) -> None:
         super().__init__(forwards)
-        deadline = _time.monotonic() + connect_timeout
+        deadline = time.monotonic() + connect_timeout
         while True:
-            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(socket_path)
                 break
             except OSError:
                 sock.close()
-                if _time.monotonic() > deadline:
-                    raise _GuestDown(f"cannot connect to the serial console {socket_path}") from None
-                _time.sleep(0.02)
+                if time.monotonic() > deadline:
+                    raise GuestDown(f"cannot connect to the serial console {socket_path}") from None
+                time.sleep(0.02)
         self._sock = sock
-        self._child = _fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
+        self._child = pexpect.fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
         self._child.delaybeforesend = None
         self._dead: str | None = None
 
@@ -214,76 +212,62 @@ class SerialGuest(_HostHttp, Guest):
             self._child.send(text.encode())
         except OSError as exc:
             self._dead = f"the serial console closed ({exc.strerror})"
-            raise _GuestDown(self._dead) from None
+            raise GuestDown(self._dead) from None
 
-    def _expect(self, pattern: _re.Pattern[bytes], timeout: float) -> _re.Match[bytes] | None:
+    def _expect(self, patterns: list[re.Pattern[bytes]], timeout: float) -> tuple[int, re.Match[bytes]] | None:
+        """(index, match) of the first pattern seen, None at the timeout; GuestDown at EOF."""
         try:
-            i = self._child.expect([pattern, _pexpect.EOF, _pexpect.TIMEOUT], timeout=timeout)
-        except OSError as exc:
-            i = 1
-            self._dead = f"the serial console failed ({exc.strerror})"
-        if i == 1:
-            self._dead = self._dead or "the serial console closed: the VM is gone"
-            raise _GuestDown(self._dead)
-        if i == 2:
-            return None
-        return self._child.match
-
-    def _expect_frame(self, frame: _re.Pattern[bytes], timeout: float) -> object:
-        try:
-            i = self._child.expect([frame, _LOGIN_BANNER, _pexpect.EOF, _pexpect.TIMEOUT],
-                                   timeout=timeout)
+            i = self._child.expect([*patterns, pexpect.EOF, pexpect.TIMEOUT], timeout=timeout)
         except OSError as exc:
             self._dead = f"the serial console failed ({exc.strerror})"
-            raise _GuestDown(self._dead) from None
-        if i == 2:
+            raise GuestDown(self._dead) from None
+        if i == len(patterns):
             self._dead = "the serial console closed: the VM is gone"
-            raise _GuestDown(self._dead)
-        if i == 3:
+            raise GuestDown(self._dead)
+        if i == len(patterns) + 1:
             return None
-        return _RELOGIN if i == 1 else self._child.match
+        return i, self._child.match
 
     def _drain(self) -> None:
         try:
             while True:
                 self._child.read_nonblocking(1 << 16, timeout=0)
-        except (_pexpect.TIMEOUT, _pexpect.EOF, OSError):
+        except (pexpect.TIMEOUT, pexpect.EOF, OSError):
             pass
 
     def wait_for_login(self, timeout: float) -> None:
-        """After a cold boot: wait for autologin's prompt, then make the shell quiet."""
-        m = self._expect(_re.compile(rb"root@[^\r\n]*# ?"), timeout)
-        if m is None:
-            raise _GuestDown(f"no root prompt on the serial console within {timeout:.0f}s")
+        """After a cold boot: wait for the console shell's prompt, then make it quiet."""
+        if self._expect([re.compile(rb"root@[^\r\n]*# ?")], timeout) is None:
+            raise GuestDown(f"no root prompt on the serial console within {timeout:.0f}s")
         self._send(_SETUP + "\n")
         self.sync(20)
 
     def sync(self, timeout: float) -> None:
         """Prove the shell answers (and skip whatever was printed before).
 
-        If the login shell died (an agent can kill it), getty logs root in
-        again; the new shell is found by its prompt and made quiet again.
+        If the console shell died (an agent can kill it), systemd starts a
+        new one; the quieting line sent first puts it right before it is trusted.
         """
-        deadline = _time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             token = new_sentinel()
             # The quieting line is idempotent, so it goes first every time: a shell
             # that was replaced (or never set up) is put right before it is trusted.
             self._send(f"\x03\n{_SETUP}\nprintf '%s%s\\n' RBSYNC {token}\n")
-            step = min(5.0, max(deadline - _time.monotonic(), 0.1))
-            if self._expect(_re.compile(rb"RBSYNC" + token.encode()), step) is not None:
+            step = min(5.0, max(deadline - time.monotonic(), 0.1))
+            if self._expect([re.compile(rb"RBSYNC" + token.encode())], step) is not None:
                 self._drain()
                 return
-            if _time.monotonic() >= deadline:
-                raise _GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
+            if time.monotonic() >= deadline:
+                raise GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
 
     def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
         if self._dead:
-            raise _GuestDown(self._dead)
+            raise GuestDown(self._dead)
         sentinel = new_sentinel()
         payload = encode_command(command)
         cap = output_cap(output_limit)
-        t0 = _time.monotonic()
+        t0 = time.monotonic()
         if len(payload) <= INLINE_LIMIT:
             line = wrapper(None, payload, timeout, cap, sentinel, clean)
         else:
@@ -292,21 +276,21 @@ class SerialGuest(_HostHttp, Guest):
                 self._send(f"printf %s {payload[i:i + INLINE_LIMIT]} >> {path}\n")
             line = wrapper(path, None, timeout, cap, sentinel, clean)
         self._send(line + "\n")
-        m = self._expect_frame(_frame_re(sentinel), timeout + SLACK)
-        if m is _RELOGIN:
-            # getty logged root in again: the shell this command went to is gone.
+        seen = self._expect([_frame_re(sentinel), _NEW_SHELL], timeout + SLACK)
+        if seen is not None and seen[0] == 1:
+            # The console service started a new shell: the one this command went to is gone.
             self.sync(30)
             return CommandResult(None, "[the console shell was restarted; the command may not have run]",
-                                 _time.monotonic() - t0, timed_out=False)
-        if m is None:
+                                 time.monotonic() - t0, timed_out=False)
+        if seen is None:
             # The wrapper's own timeout should have fired; the shell is wedged. Try to recover.
             try:
                 self.sync(10)
-            except _GuestDown:
+            except GuestDown:
                 self._dead = "the serial shell stopped answering"
                 raise
-            return CommandResult(None, "", _time.monotonic() - t0, timed_out=True)
-        result = parse_frame(m.group(0), sentinel, _time.monotonic() - t0, cap)
+            return CommandResult(None, "", time.monotonic() - t0, timed_out=True)
+        result = parse_frame(seen[1].group(0), sentinel, time.monotonic() - t0, cap)
         assert result is not None
         return result
 
@@ -316,7 +300,7 @@ class SerialGuest(_HostHttp, Guest):
         try:
             self.sync(15)
             return not self._shutting_down()
-        except _GuestDown:
+        except GuestDown:
             return False
 
     def close(self) -> None:
@@ -328,10 +312,9 @@ class SerialGuest(_HostHttp, Guest):
 
 # --- the SSH guest ------------------------------------------------------------------------------
 
-import subprocess as _subprocess  # noqa: E402
 
 
-class SshGuest(_HostHttp, Guest):
+class SshGuest(_FramedGuest, Guest):
     """The system ``ssh`` client, multiplexed over one master connection per VM."""
 
     def __init__(self, port: int, key: str, workdir: str, forwards: dict[int, int],
@@ -348,62 +331,62 @@ class SshGuest(_HostHttp, Guest):
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
         self._dead: str | None = None
         log = f"{workdir}/ssh-master.log"
-        deadline = _time.monotonic() + connect_timeout
+        deadline = time.monotonic() + connect_timeout
         while True:
             # The master goes to the background once authenticated (-f); its stdio is a
             # file, never a pipe of ours, or waiting on it would hang.
             try:
                 with open(log, "ab") as err:
-                    r = _subprocess.run([*self._ctl, "-o", "ControlMaster=yes",
+                    r = subprocess.run([*self._ctl, "-o", "ControlMaster=yes",
                                          "-o", "ControlPersist=yes", "-f", "-N", "root@127.0.0.1"],
-                                        stdin=_subprocess.DEVNULL, stdout=_subprocess.DEVNULL,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=err, timeout=20)
                 if r.returncode == 0:
                     break
-            except _subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:
                 pass
-            if _time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 tail = open(log, errors="replace").read().strip()[-200:]
-                raise _GuestDown(f"ssh to the guest failed: {tail or 'no answer'}")
-            _time.sleep(0.3)
+                raise GuestDown(f"ssh to the guest failed: {tail or 'no answer'}")
+            time.sleep(0.3)
 
     def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
         if self._dead:
-            raise _GuestDown(self._dead)
+            raise GuestDown(self._dead)
         sentinel = new_sentinel()
         cap = output_cap(output_limit)
         script = wrapper(None, encode_command(command), timeout, cap, sentinel, clean)
-        t0 = _time.monotonic()
+        t0 = time.monotonic()
         try:
-            r = _subprocess.run([*self._base, "bash --noprofile --norc -c " + quote(script)],
-                                capture_output=True, timeout=timeout + SLACK, stdin=_subprocess.DEVNULL)
-        except _subprocess.TimeoutExpired:
-            return CommandResult(None, "", _time.monotonic() - t0, timed_out=True)
-        result = parse_frame(r.stdout, sentinel, _time.monotonic() - t0, cap)
+            r = subprocess.run([*self._base, "bash --noprofile --norc -c " + shlex.quote(script)],
+                                capture_output=True, timeout=timeout + SLACK, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return CommandResult(None, "", time.monotonic() - t0, timed_out=True)
+        result = parse_frame(r.stdout, sentinel, time.monotonic() - t0, cap)
         if result is None:
             if r.returncode == 255:
                 self._dead = "the SSH connection to the guest broke"
-                raise _GuestDown(self._dead)
+                raise GuestDown(self._dead)
             return CommandResult(r.returncode, r.stdout.decode(errors="replace")[-2000:],
-                                 _time.monotonic() - t0)
+                                 time.monotonic() - t0)
         return result
 
     def alive(self) -> bool:
         if self._dead:
             return False
         try:
-            r = _subprocess.run([*self._base, "true"], capture_output=True, timeout=15,
-                                stdin=_subprocess.DEVNULL)
-        except _subprocess.TimeoutExpired:
+            r = subprocess.run([*self._base, "true"], capture_output=True, timeout=15,
+                                stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
             return False
         try:
             return r.returncode == 0 and not self._shutting_down()
-        except _GuestDown:
+        except GuestDown:
             return False
 
     def close(self) -> None:
         try:
-            _subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
-                            timeout=5, stdin=_subprocess.DEVNULL)
-        except (_subprocess.TimeoutExpired, OSError):
+            subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
+                            timeout=5, stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError):
             pass

@@ -29,6 +29,7 @@ import requests
 from runner.errors import InfraError, InvalidInput, ModelServerError
 from runner.images import file_lock, file_sha256
 from runner.paths import cache_dir
+from runner.process import die_with_parent, end_process, free_port
 
 Progress = Callable[[str], None]
 
@@ -237,12 +238,6 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
 
 # --- the server process --------------------------------------------------------------------------
 
-def _free_port() -> int:
-    from runner.vm import free_port
-
-    return free_port()
-
-
 class LlamaServer:
     """One llama-server on loopback, one slot, fixed seed; stopped whatever happens."""
 
@@ -270,9 +265,7 @@ class LlamaServer:
         self.stop()
 
     def start(self) -> None:
-        from runner.vm import _die_with_parent
-
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         cmd = [str(self.binary), "-m", str(self.model_path), "--host", "127.0.0.1",
@@ -280,7 +273,7 @@ class LlamaServer:
                "-c", str(self.ctx_size), "-t", str(self.threads), "--no-webui"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=_server_env(self.binary),
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         deadline = time.monotonic() + HEALTH_TIMEOUT
         while True:
             if self.proc.poll() is not None:
@@ -312,13 +305,8 @@ class LlamaServer:
         self.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            end_process(self.proc, grace=10)
         if self._log is not None:
             self._log.close()
             self._log = None

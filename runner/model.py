@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import abc
 import json
+import os
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import ModelServerError  # noqa: F401 - re-exported for backends
+import requests
+
+from runner.errors import ModelServerError
 
 
 @dataclass(frozen=True)
@@ -126,11 +131,7 @@ def noop() -> ScriptedModel:
 
 # --- any OpenAI-compatible server -----------------------------------------------------------------
 
-import os as _os  # noqa: E402 - the HTTP backend's own imports
-import random as _random  # noqa: E402
-import time as _time  # noqa: E402
 
-import requests as _requests  # noqa: E402
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat reply larger than this is a broken server
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -158,13 +159,13 @@ class OpenAIModel(Model):
         if self.endpoint.endswith("/v1"):
             self.endpoint = self.endpoint[:-3]
         self.name = model_name
-        self._key = api_key or _os.environ.get("ROOTBENCH_API_KEY") or _os.environ.get("OPENAI_API_KEY")
+        self._key = api_key or os.environ.get("ROOTBENCH_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.temperature = temperature
         self.seed = seed
         self.max_tokens = max_tokens
         self.retries = retries
         self._extra = dict(extra_fingerprint or {})
-        self._session = _requests.Session()
+        self._session = requests.Session()
         self._props: dict[str, Any] | None = None
         self._json_ok: bool | None = None
         self._native: bool | None = None
@@ -188,41 +189,41 @@ class OpenAIModel(Model):
                                 headers=self._headers(), timeout=(min(timeout, 10.0), timeout),
                                 stream=True) as r:
             data = bytearray()
-            deadline = _time.monotonic() + timeout
+            deadline = time.monotonic() + timeout
             for chunk in r.iter_content(65536):
                 data += chunk
                 if len(data) > MAX_REPLY_BYTES:
                     raise ModelServerError(f"the model server's reply is larger than "
                                            f"{MAX_REPLY_BYTES // (1024 * 1024)} MB")
-                if _time.monotonic() > deadline:
-                    raise _requests.Timeout("reply body took too long")
+                if time.monotonic() > deadline:
+                    raise requests.Timeout("reply body took too long")
             return r.status_code, bytes(data)
 
     def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
         body = self._body(request)
-        deadline = _time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         attempts: list[dict[str, Any]] = []
         for attempt in range(self.retries + 1):
-            left = deadline - _time.monotonic()
+            left = deadline - time.monotonic()
             if left <= 0.05:
                 break
-            t0 = _time.monotonic()
+            t0 = time.monotonic()
             try:
                 status, raw = self._post_once(body, left)
             except ModelServerError as exc:
                 exc.attempts = attempts  # type: ignore[attr-defined]
                 raise
-            except (_requests.RequestException, OSError) as exc:
+            except (requests.RequestException, OSError) as exc:
                 attempts.append({"error": self._scrub(_one_line(f"{type(exc).__name__}: {exc}")),
-                                 "seconds": round(_time.monotonic() - t0, 3)})
+                                 "seconds": round(time.monotonic() - t0, 3)})
                 self._backoff(attempt, deadline)
                 continue
             if status in _RETRY_STATUS:
                 attempts.append({"status": status, "error": self._scrub(_one_line(raw[:200].decode(errors="replace"))),
-                                 "seconds": round(_time.monotonic() - t0, 3)})
+                                 "seconds": round(time.monotonic() - t0, 3)})
                 self._backoff(attempt, deadline)
                 continue
-            return self._reply(status, raw, attempts, _time.monotonic() - t0)
+            return self._reply(status, raw, attempts, time.monotonic() - t0)
         last = attempts[-1] if attempts else {"error": "no time left"}
         why = f"HTTP {last['status']}" if "status" in last else last.get("error", "?")
         err = ModelServerError(_one_line(f"the model server failed {len(attempts)} time(s); "
@@ -231,8 +232,8 @@ class OpenAIModel(Model):
         raise err
 
     def _backoff(self, attempt: int, deadline: float) -> None:
-        pause = min(0.5 * (2 ** attempt), 8.0) * (0.8 + 0.4 * _random.random())
-        _time.sleep(max(0.0, min(pause, deadline - _time.monotonic() - 0.05)))
+        pause = min(0.5 * (2 ** attempt), 8.0) * (0.8 + 0.4 * random.random())
+        time.sleep(max(0.0, min(pause, deadline - time.monotonic() - 0.05)))
 
     def _reply(self, status: int, raw: bytes, attempts: list[dict[str, Any]],
                seconds: float) -> ModelReply:
@@ -266,7 +267,7 @@ class OpenAIModel(Model):
                 self._props = r.json() if r.status_code == 200 else {}
                 if not isinstance(self._props, dict):
                     self._props = {}
-            except (_requests.RequestException, ValueError):
+            except (requests.RequestException, ValueError):
                 self._props = {}
         return self._props
 

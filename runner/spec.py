@@ -223,24 +223,20 @@ def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
 
 
 def _check_regexes(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
-    for i, rx in enumerate(data.get("forbidden") or []):
+    """Every regex in the spec compiles (forbidden patterns and stdout_matches)."""
+    found: list[tuple[tuple[Any, ...], str]] = [
+        (("forbidden", i), rx) for i, rx in enumerate(data.get("forbidden") or [])]
+    for section in ("probes", "invariants"):
+        for i, probe in enumerate(data.get(section) or []):
+            rx = (probe.get("command") or {}).get("stdout_matches")
+            if rx is not None:
+                found.append(((section, i, "command", "stdout_matches"), rx))
+    for path, rx in found:
         try:
             re.compile(rx)
         except re.error as exc:
             raise InvalidInput(f"not a valid regular expression: {exc}", path=where,
-                               line=_line_for(lines, ("forbidden", i)),
-                               field=f"forbidden[{i}]") from None
-    for section in ("probes", "invariants"):
-        for i, probe in enumerate(data.get(section) or []):
-            rx = (probe.get("command") or {}).get("stdout_matches")
-            if rx is None:
-                continue
-            try:
-                re.compile(rx)
-            except re.error as exc:
-                raise InvalidInput(f"not a valid regular expression: {exc}", path=where,
-                                   line=_line_for(lines, (section, i, "command", "stdout_matches")),
-                                   field=f"{section}[{i}].command.stdout_matches") from None
+                               line=_line_for(lines, path), field=_dotted(path)) from None
 
 
 def _check_image(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:

@@ -14,12 +14,10 @@ answers in a fraction of a second instead of a 25 s TCG boot.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -33,6 +31,7 @@ from runner.errors import GuestDown, InfraError, VMError
 from runner.guest import Guest, SerialGuest, SshGuest
 from runner.images import BuiltImage, ensure_image, file_lock
 from runner.paths import cache_dir
+from runner.process import die_with_parent, end_process, free_port
 
 Progress = Callable[[str], None]
 BOOT_TIMEOUT = 240.0  # seconds from launch to a root shell, TCG on a busy 2-core host
@@ -52,7 +51,9 @@ def qemu_binary() -> str:
     return path
 
 
+@functools.cache
 def qemu_version() -> str:
+    """The installed QEMU's version (asked once per process: every VM start keys caches by it)."""
     out = subprocess.run([qemu_binary(), "--version"], capture_output=True, text=True, timeout=10)
     first = out.stdout.splitlines()[0] if out.stdout else "unknown"
     return first.replace("QEMU emulator version ", "").split(" ")[0]
@@ -98,18 +99,6 @@ def choose_accel(pref: str, progress: Progress | None = None) -> str:
     return "kvm"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL QEMU if rootbench itself dies, so no QEMU is ever orphaned."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class _Qemu:
     """One QEMU process with a QMP socket and a serial socket in a private 0700 directory."""
 
@@ -148,7 +137,7 @@ class _Qemu:
         self.started = time.monotonic()
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         self.killed_by_us = False
         self.qmp = self._connect_qmp(10.0)
 
@@ -206,15 +195,9 @@ class _Qemu:
             with contextlib.suppress(Exception):
                 self.qmp.settimeout(2)
                 self.qmp.cmd_raw("quit")
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=3)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=10)
+            end_process(self.proc, grace=3)
         with contextlib.suppress(Exception):
             self.qmp.close()
         self._log.close()
