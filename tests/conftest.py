@@ -25,10 +25,11 @@ def qemu_children() -> set[int]:
 
 @pytest.fixture
 def no_new_qemu() -> Iterator[None]:
-    """Fail the test if it leaves a QEMU process behind."""
-    before = qemu_pids()
+    """Fail the test if it leaves a QEMU process behind (counting only QEMUs this process
+    started, so another rootbench run on the same machine cannot make it fail)."""
+    before = qemu_children()
     yield
-    leaked = qemu_pids() - before
+    leaked = qemu_children() - before
     assert not leaked, f"QEMU processes left behind: {sorted(leaked)}"
 
 

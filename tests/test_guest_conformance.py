@@ -102,8 +102,9 @@ def test_backgrounded_daemon_returns_at_once(conform: Callable[[Check], None]) -
     def check(g: Guest) -> None:
         r = g.exec("sleep 120 & echo started", 10)
         assert r.exit_code == 0 and r.output == "started\n" and r.duration < 8
-        r = g.exec("setsid python3 -m http.server 8099 >/dev/null 2>&1 < /dev/null & sleep 2; "
-                   "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8099/", 20)
+        r = g.exec("setsid python3 -m http.server 8099 >/dev/null 2>&1 < /dev/null & "
+                   "for i in $(seq 100); do ss -Hltn 'sport = :8099' | grep -q . && break; sleep 0.2; done; "
+                   "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8099/", 40)
         assert r.output == "200"
         g.exec("pkill -f 'http.server 8099'; pkill -x sleep; true", 10)
     conform(check)
