@@ -16,16 +16,19 @@ from runner.protocol import get_protocol
 from runner.spec import Budget, load_spec
 
 pytestmark = [pytest.mark.model, pytest.mark.vm]
+# The 1.5B acts on turn 1 here; the 0.5B at temperature 0 finishes at once, which would leave
+# nothing executed in the guest to check.
+MODEL = "qwen2.5-coder-1.5b"
 
 
 def test_live_run_is_recorded_and_replays(tmp_path: Path) -> None:
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
     scenario = dataclasses.replace(scenario, budget=Budget(turns=3, seconds=300, command_timeout=15))
     binary = ensure_llama_server(print)
-    gguf = fetch_model("qwen2.5-coder-0.5b", print)
+    gguf = fetch_model(MODEL, print)
     cassette = tmp_path / "live.jsonl"
     with LlamaServer(binary, gguf, tmp_path / "llama.log") as server:
-        model = OpenAIModel(server.endpoint, "qwen2.5-coder-0.5b", max_tokens=200,
+        model = OpenAIModel(server.endpoint, MODEL, max_tokens=200,
                             extra_fingerprint=llama_fingerprint(server, binary, gguf))
         ep = run_one(scenario, model, get_protocol("json"), "test", RunOptions(accel="auto"),
                      cassette)
@@ -34,7 +37,7 @@ def test_live_run_is_recorded_and_replays(tmp_path: Path) -> None:
     assert ep.commands + ep.violations >= 1 and ep.tokens_in > 0
 
     cas = Cassette.load(cassette)
-    assert cas.header["model"]["model_sha256"].startswith("1d9614638d18")
+    assert cas.header["model"]["model_sha256"].startswith("cc324af070c2")
     assert cas.header["protocol"]["name"] == "json"
     kinds = [e["type"] for e in cas.events]
     assert kinds.count("model") == ep.turns and kinds[-1] == "verdict"

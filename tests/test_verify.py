@@ -28,7 +28,7 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
 
 
 BROKEN = {
-    "fault-does-not-land": ("setup: [true]\nsolution: [true]\n", "fault lands"),
+    "fault-does-not-land": ("setup: ['true']\nsolution: ['true']\n", "fault lands"),
     "wrong-solution": ("setup: [systemctl stop nginx]\nsolution: ['echo not a fix']\n", "oracle passes"),
     "bad-invariant": ("setup: [systemctl stop nginx]\nsolution: [systemctl start nginx]\n"
                       "invariants: [{service: {name: no-such-unit, active: true}}]\n", "baseline"),
