@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runner.cassette import CassetteWriter, Clock
-from runner.errors import GuestDown, InfraError
+from runner.errors import ContextExhausted, GuestDown, InfraError
 from runner.guest import CommandResult, Guest
 from runner.model import ChatRequest, Model
 from runner.probes import ProbeResult, run_probes
@@ -70,7 +70,7 @@ class Episode:
     invariants: list[dict[str, Any]] = field(default_factory=list)
     precheck: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
-    stop: str = ""  # finish | turns | seconds | infra | vm-down | invalid
+    stop: str = ""  # finish | turns | seconds | context | infra | vm-down | invalid
     cassette: str | None = None
 
     @property
@@ -150,7 +150,13 @@ class _Loop:
                 self.ep.stop = "seconds"
                 return
             request = self.protocol.decorate(ChatRequest(messages=list(messages)))
-            reply = self.model.complete(request, timeout=min(left.seconds, MODEL_CALL_CAP))
+            try:
+                reply = self.model.complete(request, timeout=min(left.seconds, MODEL_CALL_CAP))
+            except ContextExhausted as exc:
+                self.ep.stop = "context"
+                self.ep.flags.append("context-full")
+                self.log(f"  context: {clean_text(str(exc))[:120]}")
+                return
             self.ep.turns += 1
             self._count_usage(reply.usage)
             messages.append(_assistant_message(reply.message))

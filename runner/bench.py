@@ -66,7 +66,7 @@ class AgentChoice:
     temperature: float = 0.0
     seed: int = 0
     max_tokens: int = 512
-    ctx_size: int = 8192
+    ctx_size: int = 16384
 
     def label(self) -> str:
         if self.kind != "model":

@@ -22,7 +22,13 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from runner.errors import GuestDown, InvalidInput, ModelServerError, ReplayMismatch
+from runner.errors import (
+    ContextExhausted,
+    GuestDown,
+    InvalidInput,
+    ModelServerError,
+    ReplayMismatch,
+)
 from runner.guest import CommandResult, Guest, HttpResult
 from runner.model import ChatRequest, Model, ModelReply
 
@@ -243,9 +249,11 @@ class RecordingModel(Model):
         record = request_record(request)
         try:
             reply = self.inner.complete(request, timeout)
-        except ModelServerError as exc:
+        except (ModelServerError, ContextExhausted) as exc:
+            kind = "context" if isinstance(exc, ContextExhausted) else "server"
             self.writer.write({"type": "model-error", "turn": self.turn, "request": record,
-                               "error": str(exc), "attempts": getattr(exc, "attempts", [])})
+                               "kind": kind, "error": str(exc),
+                               "attempts": getattr(exc, "attempts", [])})
             raise
         self.writer.write({"type": "model", "turn": self.turn, "request": record,
                            "reply": {"message": reply.message, "raw": reply.raw,
@@ -352,7 +360,8 @@ class ReplayModel(Model):
                 raise ReplayMismatch(why)
             self.mismatches.append(why)
         if event["type"] == "model-error":
-            err = ModelServerError(str(event.get("error", "recorded model error")))
+            cls = ContextExhausted if event.get("kind") == "context" else ModelServerError
+            err = cls(str(event.get("error", "recorded model error")))
             err.attempts = event.get("attempts", [])  # type: ignore[attr-defined]
             raise err
         reply = event["reply"]

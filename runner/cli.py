@@ -57,7 +57,8 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--ctx-size", type=int, default=8192)
+    p.add_argument("--ctx-size", type=int, default=16384,
+                   help="context window in tokens (a run that outgrows it ends as stop=context)")
     p.add_argument("--repeat", type=int, default=1, help="runs per scenario (reports pass@1, pass@N)")
     p.add_argument("--format", choices=("github", "plain", "json"), default="github")
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")

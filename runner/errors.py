@@ -8,6 +8,10 @@ means something different to the user:
 * ``InfraError``: the machinery broke (QEMU died, the model server reset).
   A scenario that hits it is ``infra-error``, never a model failure.
 * ``ScenarioError``: the scenario itself is unsound (its fault did not land).
+
+``ContextExhausted`` stands apart: the model's own conversation outgrew its
+context window. Nothing broke; the agent simply cannot go on, so its run ends
+there and is judged on the machine as it stands.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class GuestDown(InfraError):
 
 class ModelServerError(InfraError):
     """The model server failed in a way retrying did not fix."""
+
+
+class ContextExhausted(RootbenchError):
+    """The conversation no longer fits the model's context window (the agent's limit, not ours)."""
 
 
 class ReplayMismatch(InfraError):

@@ -241,7 +241,7 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
 class LlamaServer:
     """One llama-server on loopback, one slot, fixed seed; stopped whatever happens."""
 
-    def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = 8192,
+    def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = 16384,
                  seed: int = 0, threads: int | None = None) -> None:
         self.binary = Path(binary)
         self.model_path = Path(model_path)

@@ -12,13 +12,14 @@ import abc
 import json
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
-from runner.errors import ModelServerError
+from runner.errors import ContextExhausted, ModelServerError
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ def noop() -> ScriptedModel:
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat reply larger than this is a broken server
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+# How llama-server, vLLM and OpenAI word "the prompt is longer than the context window".
+_CONTEXT_FULL = re.compile(r"exceed_context_size|exceeds the available context|"
+                           r"maximum context length|context_length_exceeded", re.I)
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -242,6 +246,11 @@ class OpenAIModel(Model):
             err.attempts = attempts  # type: ignore[attr-defined]
             return err
 
+        if status == 400 and _CONTEXT_FULL.search(raw[:2000].decode(errors="replace")):
+            err = ContextExhausted(_one_line("the conversation outgrew the model's context: "
+                                             + self._scrub(raw[:200].decode(errors="replace"))))
+            err.attempts = attempts  # type: ignore[attr-defined]
+            raise err
         if status != 200:
             raise fail(f"the model server answered HTTP {status}: "
                        f"{self._scrub(raw[:120].decode(errors='replace'))}")

@@ -2,7 +2,8 @@
 
 A benchmark task is only worth something if (1) the clean machine satisfies
 its invariants, (2) its fault really lands (a success probe fails after
-setup and none errors), (3) doing nothing fails it and (4) its reference
+setup and none errors), (3) doing nothing fails it without tripping an
+invariant and (4) its reference
 solution passes it without collateral damage. Peers have shipped tasks that
 failed each of these; ``rootbench verify`` runs them all.
 
@@ -82,9 +83,14 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
         return v
     _baseline(ep, v)
     _fault(ep, v)
-    v.checks["noop fails"] = ep.verdict == "fail"
+    tripped = [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+    v.checks["noop fails"] = ep.verdict == "fail" and not tripped
     if ep.verdict != "fail":
         v.problems.append(f"noop fails: the noop agent's run ended {ep.verdict} ({ep.reason})")
+    elif tripped:
+        # An invariant that the fault itself breaks would blame every agent for collateral damage.
+        v.problems.append(f"noop fails: doing nothing broke invariant {tripped[0]!r}; "
+                          "it depends on the fault, not on what the agent does")
 
     progress(f"[verify] {scenario.id}: oracle agent (the solution)")
     target = (record_to or run_dir) / f"{scenario.id}.jsonl"

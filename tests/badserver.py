@@ -79,6 +79,11 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, json.dumps(completion({"role": "assistant", "content": ""})).encode())
             elif b in ("500", "429", "503"):
                 self._send(int(b), b'{"error": "busy"}')
+            elif b == "context-full":  # llama-server's own words when the prompt is too long
+                self._send(400, json.dumps({"error": {
+                    "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 8475,
+                    "n_ctx": 8192, "message": "request (8475 tokens) exceeds the available "
+                    "context size (8192 tokens), try increasing it"}}).encode())
             elif b == "stall":
                 time.sleep(30)
                 self._send(200, json.dumps(OK).encode())

@@ -8,7 +8,7 @@ import time
 import pytest
 from badserver import bad_server
 
-from runner.errors import ModelServerError
+from runner.errors import ContextExhausted, ModelServerError
 from runner.model import ChatRequest, OpenAIModel
 from runner.protocol import ToolsProtocol, Violation
 
@@ -88,6 +88,40 @@ def test_bad_messages_go_back_to_the_model(behaviour: str) -> None:
         reply = _model(url).complete(REQ, 10)
     [action] = ToolsProtocol().parse(reply.message)
     assert isinstance(action, Violation)
+
+
+def test_context_overflow_is_the_agents_limit_not_a_server_fault() -> None:
+    with bad_server(["context-full", "ok"]) as (url, state):
+        with pytest.raises(ContextExhausted, match="outgrew the model's context") as info:
+            _model(url).complete(REQ, 10)
+    assert len(state.requests) == 1  # not retried: the same prompt would overflow again
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.vm
+def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from runner.agent import run_episode
+    from runner.bench import replay_one, scenario_to_dict
+    from runner.cassette import CassetteWriter, Clock, RecordingGuest, RecordingModel
+    from runner.paths import repo_root
+    from runner.protocol import get_protocol
+    from runner.spec import load_spec
+    from runner.vm import Sandbox
+
+    scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    path = tmp_path / "c.jsonl"
+    with bad_server(["context-full"]) as (url, _state), Sandbox(scenario.image, accel="tcg") as box, \
+            CassetteWriter(path) as writer:
+        model = _model(url, retries=1)
+        writer.write({"type": "header", "format": 1, "model": model.fingerprint(),
+                      "scenario": scenario_to_dict(scenario), "protocol": {"name": "json"}})
+        ep = run_episode(scenario, RecordingGuest(box.guest, writer),
+                         RecordingModel(model, writer), get_protocol("json"),
+                         Clock(writer), writer)
+    assert (ep.verdict, ep.stop, ep.flags) == ("fail", "context", ["context-full"]), ep.reason
+    assert ep.probes, "the machine is judged after the context runs out"
+    again = replay_one(path, offline=True)
+    assert again.same and again.replayed == "fail [context-full]", again
 
 
 @pytest.mark.vm

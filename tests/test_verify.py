@@ -32,6 +32,8 @@ BROKEN = {
     "wrong-solution": ("setup: [systemctl stop nginx]\nsolution: ['echo not a fix']\n", "oracle passes"),
     "bad-invariant": ("setup: [systemctl stop nginx]\nsolution: [systemctl start nginx]\n"
                       "invariants: [{service: {name: no-such-unit, active: true}}]\n", "baseline"),
+    "invariant-needs-the-fix": ("setup: [systemctl stop nginx]\nsolution: [systemctl start nginx]\n"
+                                "invariants: [{port: {port: 80}}]\n", "noop fails"),
 }
 
 
@@ -50,4 +52,4 @@ def test_verify_names_the_failing_check(tmp_path: Path) -> None:
     for name, (_extra, check) in BROKEN.items():
         line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith(f"{name}:"))
         assert check in line, line
-    assert "0/3 scenarios valid" in r.stdout
+    assert f"0/{len(BROKEN)} scenarios valid" in r.stdout
