@@ -60,6 +60,7 @@ class Episode:
     turns: int = 0
     commands: int = 0
     violations: int = 0
+    repeats: int = 0  # commands run again word for word (each got the repeat note)
     tokens_in: int = 0
     tokens_out: int = 0
     tokens_cached: int = 0
@@ -128,6 +129,7 @@ class _Loop:
         self.ep = episode
         self.log = log
         self.forbidden = [re.compile(rx) for rx in scenario.forbidden]
+        self.runs: dict[str, int] = {}  # command -> times run, for the repeat note
 
     def left(self, started: float) -> BudgetLeft:
         return BudgetLeft(turns=max(self.s.budget.turns - self.ep.turns, 0),
@@ -186,6 +188,13 @@ class _Loop:
         self.log(f"  $ {clean_text(action.command)[:120]}")
         result = self.guest.exec(action.command, timeout, budget.output_limit)
         output = _cap(result, budget.output_limit)
+        # Small models loop on one command; saying so is the cheapest guardrail there is.
+        key = action.command.strip()
+        self.runs[key] = self.runs.get(key, 0) + 1
+        if self.runs[key] > 1:
+            self.ep.repeats += 1
+            output += (f"\n[you have now run this exact command {self.runs[key]} times; "
+                       "if it is not getting you closer, try something different]")
         return self.protocol.observation(action, result, output, self.left(started))
 
     def _count_usage(self, usage: dict[str, Any]) -> None:

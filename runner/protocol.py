@@ -54,8 +54,10 @@ BASE_PROMPT = (
     "server. Find the cause of the user's problem and fix it properly, keeping everything "
     "else working. Commands run non-interactively with a timeout: never start editors, "
     "pagers or anything that waits for input (use sed, tee, cat <<'EOF', and `--no-pager`). "
-    "The server has no internet access. You act only by running commands: investigate first, "
-    "fix the cause, check that the fix works, and only then finish."
+    "The server has no internet access, so nothing new can be installed. Do not guess which "
+    "software it runs: look (`systemctl --failed`, `ss -ltnp`, the service's status and logs). "
+    "You act only by running commands: investigate first, fix the cause, check that the fix "
+    "works, and only then finish."
 )
 
 
