@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from badserver import bad_server
@@ -98,10 +100,10 @@ def test_context_overflow_is_the_agents_limit_not_a_server_fault() -> None:
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.vm
-def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _episode_against(script: list[str], path: Path) -> tuple[Any, Any]:
+    """rogue-port-80 on a real VM, the json protocol, the model a misbehaving loopback server."""
     from runner.agent import run_episode
-    from runner.bench import replay_one, scenario_to_dict
+    from runner.bench import scenario_to_dict
     from runner.cassette import CassetteWriter, Clock, RecordingGuest, RecordingModel
     from runner.paths import repo_root
     from runner.protocol import get_protocol
@@ -109,8 +111,7 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
     from runner.vm import Sandbox
 
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
-    path = tmp_path / "c.jsonl"
-    with bad_server(["context-full"]) as (url, _state), Sandbox(scenario.image, accel="tcg") as box, \
+    with bad_server(script) as (url, state), Sandbox(scenario.image, accel="tcg") as box, \
             CassetteWriter(path) as writer:
         model = _model(url, retries=1)
         writer.write({"type": "header", "format": 1, "model": model.fingerprint(),
@@ -118,6 +119,15 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
         ep = run_episode(scenario, RecordingGuest(box.guest, writer),
                          RecordingModel(model, writer), get_protocol("json"),
                          Clock(writer), writer)
+    return ep, state
+
+
+@pytest.mark.vm
+def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from runner.bench import replay_one
+
+    path = tmp_path / "c.jsonl"
+    ep, _state = _episode_against(["context-full"], path)
     assert (ep.verdict, ep.stop, ep.flags) == ("fail", "context", ["context-full"]), ep.reason
     assert ep.probes, "the machine is judged after the context runs out"
     again = replay_one(path, offline=True)
@@ -126,22 +136,10 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
 
 @pytest.mark.vm
 def test_episode_against_a_broken_server_is_infra_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runner.agent import run_episode
-    from runner.cassette import Cassette, CassetteWriter, Clock, RecordingGuest, RecordingModel
-    from runner.paths import repo_root
-    from runner.protocol import get_protocol
-    from runner.spec import load_spec
-    from runner.vm import Sandbox
+    from runner.cassette import Cassette
 
-    scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
     path = tmp_path / "c.jsonl"
-    with bad_server(["500"]) as (url, state), Sandbox(scenario.image, accel="tcg") as box, \
-            CassetteWriter(path) as writer:
-        model = _model(url, retries=1)
-        writer.write({"type": "header", "format": 1, "model": model.fingerprint()})
-        ep = run_episode(scenario, RecordingGuest(box.guest, writer),
-                         RecordingModel(model, writer), get_protocol("json"),
-                         Clock(writer), writer)
+    ep, state = _episode_against(["500"], path)
     assert ep.verdict == "infra-error", ep.reason
     assert "\n" not in ep.reason and "HTTP 500" in ep.reason
     assert len(state.requests) == 2 and state.headers[0]["Authorization"] == f"Bearer {KEY}"
