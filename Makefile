@@ -28,10 +28,10 @@ setup:
 	fi
 	@$(MAKE) --no-print-directory $(PY)
 
-## test: lint, unit tests, real-VM tests (verify of the whole suite), real-model tests
+## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests
 test: setup
 	$(PY) -m ruff check runner tests
-	$(PY) -m pytest -q -p no:cacheprovider -m "not soak and not reliability" $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" $(ARGS)
 
 ## test-fast: only what needs neither a VM nor a model
 test-fast: setup
