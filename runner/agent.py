@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runner.cassette import CassetteWriter, Clock
-from runner.errors import ContextExhausted, GuestDown, InfraError
+from runner.errors import ContextExhausted, GuestDown, InfraError, ModelServerError
 from runner.guest import CommandResult, Guest
 from runner.model import ChatRequest, Model
 from runner.probes import ProbeResult, run_probes
@@ -154,6 +154,13 @@ class _Loop:
             request = self.protocol.decorate(ChatRequest(messages=list(messages)))
             try:
                 reply = self.model.complete(request, timeout=min(left.seconds, MODEL_CALL_CAP))
+            except ModelServerError as exc:
+                if not (exc.out_of_time and left.seconds < MODEL_CALL_CAP):
+                    raise
+                # The call had only what was left of the scenario's time and used it all.
+                self.ep.stop = "seconds"
+                self.log("  out of time while the model was answering")
+                return
             except ContextExhausted as exc:
                 self.ep.stop = "context"
                 self.ep.flags.append("context-full")

@@ -250,7 +250,8 @@ class RecordingModel(Model):
         try:
             reply = self.inner.complete(request, timeout)
         except (ModelServerError, ContextExhausted) as exc:
-            kind = "context" if isinstance(exc, ContextExhausted) else "server"
+            kind = ("context" if isinstance(exc, ContextExhausted)
+                    else "deadline" if getattr(exc, "out_of_time", False) else "server")
             self.writer.write({"type": "model-error", "turn": self.turn, "request": record,
                                "kind": kind, "error": str(exc),
                                "attempts": getattr(exc, "attempts", [])})
@@ -363,6 +364,8 @@ class ReplayModel(Model):
             cls = ContextExhausted if event.get("kind") == "context" else ModelServerError
             err = cls(str(event.get("error", "recorded model error")))
             err.attempts = event.get("attempts", [])  # type: ignore[attr-defined]
+            if isinstance(err, ModelServerError):
+                err.out_of_time = event.get("kind") == "deadline"
             raise err
         reply = event["reply"]
         return ModelReply(message=reply["message"], raw=reply.get("raw", {}),

@@ -51,7 +51,14 @@ class GuestDown(InfraError):
 
 
 class ModelServerError(InfraError):
-    """The model server failed in a way retrying did not fix."""
+    """The model server failed in a way retrying did not fix.
+
+    ``out_of_time`` says the call used up all the time it was given: when
+    that time was what was left of the scenario's budget, the model was slow,
+    not the server broken.
+    """
+
+    out_of_time: bool = False
 
 
 class ContextExhausted(RootbenchError):

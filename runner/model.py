@@ -233,6 +233,7 @@ class OpenAIModel(Model):
         err = ModelServerError(_one_line(f"the model server failed {len(attempts)} time(s); "
                                          f"last: {why}"))
         err.attempts = attempts  # type: ignore[attr-defined]
+        err.out_of_time = deadline - time.monotonic() <= 0.1
         raise err
 
     def _backoff(self, attempt: int, deadline: float) -> None:

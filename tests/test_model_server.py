@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_context_overflow_is_the_agents_limit_not_a_server_fault() -> None:
     assert "\n" not in str(info.value)
 
 
-def _episode_against(script: list[str], path: Path) -> tuple[Any, Any]:
+def _episode_against(script: list[str], path: Path, seconds: int | None = None) -> tuple[Any, Any]:
     """rogue-port-80 on a real VM, the json protocol, the model a misbehaving loopback server."""
     from runner.agent import run_episode
     from runner.bench import scenario_to_dict
@@ -111,6 +112,9 @@ def _episode_against(script: list[str], path: Path) -> tuple[Any, Any]:
     from runner.vm import Sandbox
 
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    if seconds is not None:
+        scenario = dataclasses.replace(scenario, budget=dataclasses.replace(scenario.budget,
+                                                                            seconds=seconds))
     with bad_server(script) as (url, state), Sandbox(scenario.image, accel="tcg") as box, \
             CassetteWriter(path) as writer:
         model = _model(url, retries=1)
@@ -132,6 +136,17 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
     assert ep.probes, "the machine is judged after the context runs out"
     again = replay_one(path, offline=True)
     assert again.same and again.replayed == "fail [context-full]", again
+
+
+@pytest.mark.vm
+def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from runner.bench import replay_one
+
+    path = tmp_path / "c.jsonl"
+    ep, _state = _episode_against(["stall"] * 3, path, seconds=12)
+    assert (ep.verdict, ep.stop) == ("fail", "seconds"), ep.reason
+    again = replay_one(path, offline=True)
+    assert again.same, again
 
 
 @pytest.mark.vm
