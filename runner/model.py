@@ -242,16 +242,14 @@ class OpenAIModel(Model):
 
     def _reply(self, status: int, raw: bytes, attempts: list[dict[str, Any]],
                seconds: float) -> ModelReply:
-        def fail(why: str) -> ModelServerError:
-            err = ModelServerError(_one_line(why))
+        def fail(why: str, cls: type[Exception] = ModelServerError) -> Exception:
+            err = cls(_one_line(why))
             err.attempts = attempts  # type: ignore[attr-defined]
             return err
 
         if status == 400 and _CONTEXT_FULL.search(raw[:2000].decode(errors="replace")):
-            err = ContextExhausted(_one_line("the conversation outgrew the model's context: "
-                                             + self._scrub(raw[:200].decode(errors="replace"))))
-            err.attempts = attempts  # type: ignore[attr-defined]
-            raise err
+            raise fail("the conversation outgrew the model's context: "
+                       + self._scrub(raw[:200].decode(errors="replace")), ContextExhausted)
         if status != 200:
             raise fail(f"the model server answered HTTP {status}: "
                        f"{self._scrub(raw[:120].decode(errors='replace'))}")

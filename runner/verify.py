@@ -41,6 +41,10 @@ class Verification:
         return all(self.checks.get(c) is True for c in CHECKS)
 
 
+def _broken_invariants(ep: Episode) -> list[str]:
+    return [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+
+
 def _baseline(ep: Episode, v: Verification) -> None:
     bad = [p for p in ep.baseline if p["outcome"] != "pass"]
     v.checks["baseline"] = not bad and ep.stop != "infra"
@@ -83,7 +87,7 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
         return v
     _baseline(ep, v)
     _fault(ep, v)
-    tripped = [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+    tripped = _broken_invariants(ep)
     v.checks["noop fails"] = ep.verdict == "fail" and not tripped
     if ep.verdict != "fail":
         v.problems.append(f"noop fails: the noop agent's run ended {ep.verdict} ({ep.reason})")
@@ -100,7 +104,7 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
     ok = ep.verdict == "pass" and "collateral" not in ep.flags
     v.checks["oracle passes"] = ok
     if not ok:
-        broken = [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+        broken = _broken_invariants(ep)
         detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict == "pass" else ep.reason
         v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
     v.seconds = round(time.monotonic() - t0, 1)
