@@ -251,10 +251,10 @@ class RecordingModel(Model):
             reply = self.inner.complete(request, timeout)
         except (ModelServerError, ContextExhausted) as exc:
             kind = ("context" if isinstance(exc, ContextExhausted)
-                    else "deadline" if getattr(exc, "out_of_time", False) else "server")
+                    else "deadline" if exc.out_of_time else "server")
             self.writer.write({"type": "model-error", "turn": self.turn, "request": record,
                                "kind": kind, "error": str(exc),
-                               "attempts": getattr(exc, "attempts", [])})
+                               "attempts": exc.attempts})
             raise
         self.writer.write({"type": "model", "turn": self.turn, "request": record,
                            "reply": {"message": reply.message, "raw": reply.raw,
@@ -361,12 +361,12 @@ class ReplayModel(Model):
                 raise ReplayMismatch(why)
             self.mismatches.append(why)
         if event["type"] == "model-error":
-            cls = ContextExhausted if event.get("kind") == "context" else ModelServerError
-            err = cls(str(event.get("error", "recorded model error")))
-            err.attempts = event.get("attempts", [])  # type: ignore[attr-defined]
-            if isinstance(err, ModelServerError):
-                err.out_of_time = event.get("kind") == "deadline"
-            raise err
+            message = str(event.get("error", "recorded model error"))
+            attempts = event.get("attempts", [])
+            if event.get("kind") == "context":
+                raise ContextExhausted(message, attempts=attempts)
+            raise ModelServerError(message, attempts=attempts,
+                                   out_of_time=event.get("kind") == "deadline")
         reply = event["reply"]
         return ModelReply(message=reply["message"], raw=reply.get("raw", {}),
                           usage=reply.get("usage", {}), duration=reply.get("duration", 0.0),

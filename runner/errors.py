@@ -16,6 +16,8 @@ there and is judged on the machine as it stands.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RootbenchError(Exception):
     """Root of every error rootbench raises on purpose."""
@@ -53,16 +55,28 @@ class GuestDown(InfraError):
 class ModelServerError(InfraError):
     """The model server failed in a way retrying did not fix.
 
-    ``out_of_time`` says the call used up all the time it was given: when
-    that time was what was left of the scenario's budget, the model was slow,
-    not the server broken.
+    ``attempts`` lists the failed tries before this one, so the cassette
+    shows what was retried. ``out_of_time`` says the call used up all the
+    time it was given: when that time was what was left of the scenario's
+    budget, the model was slow, not the server broken.
     """
 
-    out_of_time: bool = False
+    def __init__(self, message: str, *, attempts: list[dict[str, Any]] | None = None,
+                 out_of_time: bool = False) -> None:
+        super().__init__(message)
+        self.attempts: list[dict[str, Any]] = list(attempts or [])
+        self.out_of_time = out_of_time
 
 
 class ContextExhausted(RootbenchError):
-    """The conversation no longer fits the model's context window (the agent's limit, not ours)."""
+    """The conversation no longer fits the model's context window (the agent's limit, not ours).
+
+    ``attempts`` is as for ``ModelServerError``.
+    """
+
+    def __init__(self, message: str, *, attempts: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.attempts: list[dict[str, Any]] = list(attempts or [])
 
 
 class ReplayMismatch(InfraError):

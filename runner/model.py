@@ -215,7 +215,7 @@ class OpenAIModel(Model):
             try:
                 status, raw = self._post_once(body, left)
             except ModelServerError as exc:
-                exc.attempts = attempts  # type: ignore[attr-defined]
+                exc.attempts = attempts
                 raise
             except (requests.RequestException, OSError) as exc:
                 attempts.append({"error": self._scrub(_one_line(f"{type(exc).__name__}: {exc}")),
@@ -230,11 +230,9 @@ class OpenAIModel(Model):
             return self._reply(status, raw, attempts, time.monotonic() - t0)
         last = attempts[-1] if attempts else {"error": "no time left"}
         why = f"HTTP {last['status']}" if "status" in last else last.get("error", "?")
-        err = ModelServerError(_one_line(f"the model server failed {len(attempts)} time(s); "
-                                         f"last: {why}"))
-        err.attempts = attempts  # type: ignore[attr-defined]
-        err.out_of_time = deadline - time.monotonic() <= 0.1
-        raise err
+        raise ModelServerError(_one_line(f"the model server failed {len(attempts)} time(s); "
+                                         f"last: {why}"),
+                               attempts=attempts, out_of_time=deadline - time.monotonic() <= 0.1)
 
     def _backoff(self, attempt: int, deadline: float) -> None:
         pause = min(0.5 * (2 ** attempt), 8.0) * (0.8 + 0.4 * random.random())
@@ -242,10 +240,9 @@ class OpenAIModel(Model):
 
     def _reply(self, status: int, raw: bytes, attempts: list[dict[str, Any]],
                seconds: float) -> ModelReply:
-        def fail(why: str, cls: type[Exception] = ModelServerError) -> Exception:
-            err = cls(_one_line(why))
-            err.attempts = attempts  # type: ignore[attr-defined]
-            return err
+        def fail(why: str, cls: type[ModelServerError | ContextExhausted] = ModelServerError
+                 ) -> Exception:
+            return cls(_one_line(why), attempts=attempts)
 
         if status == 400 and _CONTEXT_FULL.search(raw[:2000].decode(errors="replace")):
             raise fail("the conversation outgrew the model's context: "

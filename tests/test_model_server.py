@@ -63,8 +63,8 @@ def test_persistent_500_ends_in_one_clear_line() -> None:
     assert time.monotonic() - t0 < 15
     assert len(state.requests) == 3
     assert "\n" not in str(info.value) and "HTTP 500" in str(info.value)
-    assert len(info.value.attempts) == 3  # type: ignore[attr-defined]
-    _assert_no_key(str(info.value), info.value.attempts)  # type: ignore[attr-defined]
+    assert len(info.value.attempts) == 3
+    _assert_no_key(str(info.value), info.value.attempts)
 
 
 @pytest.mark.parametrize("behaviour,fragment", [
