@@ -241,6 +241,27 @@ def new_run_dir(base: Path, label: str) -> Path:
     return path
 
 
+def _prepare_sandboxes(images: list[str], opts: RunOptions, progress: Progress) -> None:
+    """Build each image and its golden snapshot before the model server starts.
+
+    On a fresh machine this is minutes of work: done here, it shows as set-up
+    rather than inside the first scenario, and llama-server does not sit idle
+    meanwhile. One sandbox is started and stopped per image. If that fails,
+    the bench still goes on: each scenario tries again and reports infra-error.
+    """
+    from runner.vm import Sandbox
+
+    for image in images:
+        try:
+            with Sandbox(image, accel=opts.accel, transport=opts.transport, progress=progress) as box:
+                how = "restored from its snapshot" if box.info["restored"] else "cold boot"
+                progress(f"[bench] sandbox {image} ready in {box.info['ready_s']:.2f}s "
+                         f"({box.info['accel']}, {how})")
+        except InfraError as exc:
+            progress(f"[bench] the sandbox {image} could not start ({clean_text(str(exc))[:200]}); "
+                     "each scenario will try again")
+
+
 def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, run_dir: Path,
               *, resume: bool = False, retry_infra: int = 0, record_to: Path | None = None,
               progress: Progress = stderr_progress) -> list[Episode]:
@@ -261,6 +282,9 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
         ordered = sorted(episodes.values(), key=lambda e: order.get((e.scenario, e.round), 1 << 30))
         write_results(run_dir, info, ordered)
 
+    with _signals_raise():
+        _prepare_sandboxes(sorted({s.image for s, r in wanted if (s.id, r) not in episodes}),
+                           opts, progress)
     with _signals_raise(), ModelProvider(choice, run_dir, progress) as provider:
         protocol, reason = provider.protocol(opts.protocol)
         progress(f"[bench] protocol {protocol.name}: {reason}")

@@ -36,7 +36,7 @@ from runner.process import die_with_parent, end_process, free_port
 Progress = Callable[[str], None]
 BOOT_TIMEOUT = 240.0  # seconds from launch to a root shell, TCG on a busy 2-core host
 READY_TIMEOUT = 180.0  # seconds for systemd to finish starting units in the golden boot
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3  # 3: taken only once systemd has no jobs left (2 could catch a unit still starting)
 FORWARDED_PORTS = (22, 80)
 
 
@@ -238,6 +238,30 @@ def _wait_for_shell(q: _Qemu, timeout: float) -> SerialGuest:
                 raise VMError(f"QEMU exited during boot: {q.log_tail()}") from None
 
 
+def _wait_until_settled(guest: Guest, timeout: float) -> str:
+    """Wait until systemd has finished booting: state running (or degraded) and no jobs queued.
+
+    ``systemctl is-system-running --wait`` alone is not enough: on a busy host
+    it was seen to return ``starting`` at once. A snapshot taken then carries
+    the unfinished boot (e2scrub_reap running at idle priority) into every
+    restore, which then spends seconds of CPU on it. Returns the final state.
+    """
+    deadline = time.monotonic() + timeout
+    state = "?"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise VMError(f"the guest did not finish booting within {timeout:.0f}s "
+                          f"(systemd state {state})")
+        r = guest.probe("systemctl is-system-running --wait; systemctl list-jobs --no-legend | wc -l",
+                        min(left, 60.0))
+        words = r.output.split()
+        state = words[0] if words else "?"
+        if state in ("running", "degraded") and words[-1:] == ["0"]:
+            return state
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
 def _set_clock(guest: Guest) -> None:
     guest.probe(f"date -s @{time.time():.3f} >/dev/null", 10)
 
@@ -258,7 +282,7 @@ def ensure_snapshot(image: BuiltImage, accel: str, progress: Progress) -> Path:
     d = snapshot_dir(image, accel)
     if _snapshot_ready(d):
         return d
-    with file_lock(d.with_suffix(".lock"), f"snapshot {image.name}", progress):
+    with file_lock(d.with_name(d.name + ".lock"), f"snapshot {image.name}", progress):
         if _snapshot_ready(d):
             return d
         progress(f"[vm] making the golden snapshot of {image.name} ({accel}): one cold boot")
@@ -270,9 +294,8 @@ def ensure_snapshot(image: BuiltImage, accel: str, progress: Progress) -> Path:
         q = _Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False)
         try:
             guest = _wait_for_shell(q, BOOT_TIMEOUT)
-            state = guest.probe("systemctl is-system-running --wait", READY_TIMEOUT)
-            progress(f"[vm] golden boot ready in {time.monotonic() - t0:.1f}s "
-                     f"(system {state.output.strip() or state.exit_code})")
+            state = _wait_until_settled(guest, READY_TIMEOUT)
+            progress(f"[vm] golden boot ready in {time.monotonic() - t0:.1f}s (system {state})")
             guest.probe("sync; systemctl is-active nginx ssh", 30)
             guest.close()
             q.cmd("migrate-set-capabilities",
@@ -423,7 +446,7 @@ class Sandbox:
         self._q = q = _Qemu(image, overlay, accel, self._dir, None, False)
         self._serial = _wait_for_shell(q, BOOT_TIMEOUT)
         self.shell_s = time.monotonic() - q.started
-        self._serial.probe("systemctl is-system-running --wait", READY_TIMEOUT)
+        _wait_until_settled(self._serial, READY_TIMEOUT)
 
     def _stop_qemu(self) -> None:
         if self._serial is not None:

@@ -30,6 +30,9 @@ def test_restore_gives_a_ready_root_shell(image, no_new_qemu) -> None:  # type: 
         r = box.guest.exec("date +%s", 10)
         assert abs(int(r.output.strip()) - time.time()) < 30
         assert box.guest.host_http(80, "/", 10).status == 200
+        # the snapshot was taken after the boot finished: nothing is still starting
+        r = box.guest.exec("systemctl is-system-running; systemctl list-jobs --no-legend | wc -l", 20)
+        assert r.output.split() == ["running", "0"], r.output
 
 
 def test_auto_accel_falls_back_when_kvm_is_unusable() -> None:
