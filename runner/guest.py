@@ -11,7 +11,6 @@ import abc
 import base64
 import re
 import secrets
-import shlex
 import socket
 import subprocess
 import time
@@ -75,64 +74,89 @@ class Guest(abc.ABC):
 
 # --- framing shared by the real guests ----------------------------------------------------
 #
-# Every command is sent base64-encoded and run by a wrapper in a child shell,
-# with stdin from /dev/null and its output written to a small tmpfs
-# (/run/rb, 2 MiB: a flood hits ENOSPC instead of filling memory or disk). The
-# wrapper then prints one line: RB<sentinel>:<size>:<base64 of the first bytes>:<rc>:RB<sentinel>.
+# A command is written to a script file in a small tmpfs (/run/rb, 2 MiB) by
+# the shell's own printf, as bash ANSI-C strings ($'...', every byte outside
+# plain printable ASCII written as \xHH, so no quote, control byte or history
+# "!" reaches the shell raw). A wrapper runs that file in a child bash with
+# stdin from /dev/null and its output written to the same tmpfs (a flood hits
+# ENOSPC instead of filling memory or disk), then prints one line:
+# RB<sentinel>:<base64 of the first cap+1 bytes>:<rc>:RB<sentinel>.
 # The sentinel is random per command and is printed by concatenation (the
 # typed text reads "RB" "sentinel" apart), so nothing the command prints or an
 # echoed command line can forge the frame.
-
+#
+# The command's text is in no process's argv, as in a real interactive shell:
+# otherwise ``pkill -f nginx; systemctl start nginx`` kills its own shell
+# before the second half runs. And under TCG every process costs tens of
+# milliseconds, so the wrapper uses builtins wherever it can (printf, read,
+# test): the processes it starts are the child shell, timeout, bash, head,
+# base64 and rm.
 
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-INLINE_LIMIT = 2000  # base64 chars sent inline; longer payloads go in chunks (tty lines cap at 4096)
+CHUNK_BYTES = 500  # command bytes per typed line: at most 2000 chars quoted (tty lines cap at 4096)
+_PLAIN = frozenset(range(0x20, 0x7F)) - {ord("\\"), ord("'"), ord("!")}
+_REMEMBER_CWD = b"\n__rb=$?; pwd > /run/rb/cwd 2>/dev/null; exit $__rb\n"
 
 
 def _frame_re(sentinel: str) -> re.Pattern[bytes]:
     s = sentinel.encode()
-    return re.compile(rb"RB" + s + rb":(\d+):([A-Za-z0-9+/=]*):(\d+):RB" + s)
+    return re.compile(rb"RB" + s + rb":([A-Za-z0-9+/=]*):(\d+):RB" + s)
 
 
-def wrapper(command_file: str | None, payload: str | None, timeout: float, cap: int,
-            sentinel: str, clean: bool) -> str:
-    """The shell text that runs one framed command (see the comment above)."""
+def quote_bytes(data: bytes) -> str:
+    """``data`` as a bash ANSI-C string: printable ASCII only, no quote or "!" unescaped.
+
+    NUL bytes are dropped (a bash string cannot hold them).
+    """
+    return "$'" + "".join(chr(b) if b in _PLAIN else f"\\x{b:02x}" for b in data if b) + "'"
+
+
+def framed_lines(command: str, timeout: float, cap: int, sentinel: str, clean: bool) -> list[str]:
+    """The shell lines that run one framed command (see the comment above).
+
+    ``clean`` runs it the way probes need: fresh environment, no profile, cwd /.
+    Otherwise it runs in the agent's working directory, which it then remembers.
+    """
     t = max(1, int(round(timeout)))
-    source = f"$(base64 -d {command_file})" if command_file else f"$(printf %s {payload} | base64 -d)"
-    out = f"/run/rb/o.{sentinel}"
+    script, out = f"/run/rb/c.{sentinel}", f"/run/rb/o.{sentinel}"
+    data = command.encode("utf-8", errors="surrogateescape") + (b"" if clean else _REMEMBER_CWD)
+    pieces = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    lines = [f"[ -d /run/rb ] || mkdir -p /run/rb; printf %s {quote_bytes(pieces[0])} >{script}"]
+    lines += [f"printf %s {quote_bytes(p)} >>{script}" for p in pieces[1:]]
     if clean:
         run = (f"cd / && exec timeout -k 2 {t} env -i PATH={CLEAN_PATH} HOME=/root LANG=C.UTF-8 "
-               f"TERM=dumb bash --noprofile --norc -c \"$__rb_c\"")
+               f"TERM=dumb bash --noprofile --norc {script}")
     else:
-        run = ("cd \"$(cat /run/rb/cwd 2>/dev/null || echo /root)\" 2>/dev/null || cd /root; "
-               f"exec timeout -k 2 {t} bash --noprofile --norc -c \"$__rb_c\"$'\\n'"
-               "'__rb=$?; pwd > /run/rb/cwd 2>/dev/null; exit $__rb'")
-    return (f"mkdir -p /run/rb; __rb_c=\"{source}\"; ( {run} ) </dev/null >{out} 2>&1; __rb_rc=$?; "
-            f"printf '%s%s:%s:' RB {sentinel} \"$(stat -c %s {out} 2>/dev/null || echo 0)\"; "
-            f"head -c {cap} {out} | base64 -w0; printf ':%s:%s%s\\n' \"$__rb_rc\" RB {sentinel}; "
-            f"rm -f {out} {command_file or ''}; unset __rb_c __rb_rc")
+        run = ("__rb_d=; read -r __rb_d 2>/dev/null </run/rb/cwd; "
+               "cd \"${__rb_d:-/root}\" 2>/dev/null || cd /root; "
+               f"exec timeout -k 2 {t} bash --noprofile --norc {script}")
+    lines[-1] += (f"; ( {run} ) </dev/null >{out} 2>&1; __rb_rc=$?; "
+                  f"printf '%s%s:' RB {sentinel}; head -c {cap + 1} {out} | base64 -w0; "
+                  f"printf ':%s:%s%s\\n' \"$__rb_rc\" RB {sentinel}; "
+                  f"rm -f {out} {script}; unset __rb_rc")
+    return lines
 
 
 def parse_frame(data: bytes, sentinel: str, duration: float, cap: int) -> CommandResult | None:
-    """The CommandResult framed in ``data``, or None if the frame is not there (yet)."""
+    """The CommandResult framed in ``data``, or None if the frame is not there (yet).
+
+    The wrapper sends one byte more than ``cap``: if it is there, the output was cut.
+    """
     m = _frame_re(sentinel).search(data)
     if not m:
         return None
-    size, blob, rc = int(m.group(1)), m.group(2), int(m.group(3))
+    blob, rc = m.group(1), int(m.group(2))
     try:
         raw = base64.b64decode(blob + b"=" * (-len(blob) % 4))
     except ValueError:
         raw = b""
-    output = raw.decode("utf-8", errors="replace")
+    output = raw[:cap].decode("utf-8", errors="replace")
     timed_out = rc in (124, 137)
-    return CommandResult(None if timed_out else rc, output, duration, timed_out, size > cap)
+    return CommandResult(None if timed_out else rc, output, duration, timed_out, len(raw) > cap)
 
 
 def new_sentinel() -> str:
     return secrets.token_hex(8)
-
-
-def encode_command(command: str) -> str:
-    return base64.b64encode(command.encode("utf-8", errors="surrogateescape")).decode()
 
 
 def output_cap(output_limit: int | None) -> int:
@@ -265,17 +289,10 @@ class SerialGuest(_FramedGuest, Guest):
         if self._dead:
             raise GuestDown(self._dead)
         sentinel = new_sentinel()
-        payload = encode_command(command)
         cap = output_cap(output_limit)
         t0 = time.monotonic()
-        if len(payload) <= INLINE_LIMIT:
-            line = wrapper(None, payload, timeout, cap, sentinel, clean)
-        else:
-            path = f"/run/rb/c.{sentinel}"
-            for i in range(0, len(payload), INLINE_LIMIT):
-                self._send(f"printf %s {payload[i:i + INLINE_LIMIT]} >> {path}\n")
-            line = wrapper(path, None, timeout, cap, sentinel, clean)
-        self._send(line + "\n")
+        for line in framed_lines(command, timeout, cap, sentinel, clean):
+            self._send(line + "\n")
         seen = self._expect([_frame_re(sentinel), _NEW_SHELL], timeout + SLACK)
         if seen is not None and seen[0] == 1:
             # The console service started a new shell: the one this command went to is gone.
@@ -355,11 +372,12 @@ class SshGuest(_FramedGuest, Guest):
             raise GuestDown(self._dead)
         sentinel = new_sentinel()
         cap = output_cap(output_limit)
-        script = wrapper(None, encode_command(command), timeout, cap, sentinel, clean)
+        # The script goes on stdin, so the command's text is in no argv (see the framing notes).
+        script = "\n".join(framed_lines(command, timeout, cap, sentinel, clean)) + "\n"
         t0 = time.monotonic()
         try:
-            r = subprocess.run([*self._base, "bash --noprofile --norc -c " + shlex.quote(script)],
-                                capture_output=True, timeout=timeout + SLACK, stdin=subprocess.DEVNULL)
+            r = subprocess.run([*self._base, "bash --noprofile --norc -s"], input=script.encode(),
+                               capture_output=True, timeout=timeout + SLACK)
         except subprocess.TimeoutExpired:
             return CommandResult(None, "", time.monotonic() - t0, timed_out=True)
         result = parse_frame(r.stdout, sentinel, time.monotonic() - t0, cap)

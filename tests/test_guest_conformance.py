@@ -110,6 +110,15 @@ def test_backgrounded_daemon_returns_at_once(conform: Callable[[Check], None]) -
     conform(check)
 
 
+def test_pkill_f_does_not_find_the_shell_running_it(conform: Callable[[Check], None]) -> None:
+    """As in a real interactive shell: the command's text is in no argv, so the second half runs."""
+    def check(g: Guest) -> None:
+        r = g.exec("sleep 77 & pkill -f 'sleep 77'; echo survived", 10)
+        assert r.exit_code == 0 and r.output == "survived\n"
+        assert g.exec("pgrep -f 'sleep 77' || echo gone", 10).output == "gone\n"
+    conform(check)
+
+
 def test_exit_ends_only_the_command(conform: Callable[[Check], None]) -> None:
     def check(g: Guest) -> None:
         assert g.exec("exit 7", 10).exit_code == 7
