@@ -266,20 +266,34 @@ class SerialGuest(_FramedGuest, Guest):
         self._send(_SETUP + "\n")
         self.sync(20)
 
-    def sync(self, timeout: float) -> None:
+    def sync(self, timeout: float, *, idle: bool = False, set_clock: bool = False) -> None:
         """Prove the shell answers (and skip whatever was printed before).
 
         If the console shell died (an agent can kill it), systemd starts a
         new one; the quieting line sent first puts it right before it is trusted.
+        ``idle`` says the shell is known to be waiting for a line (just restored
+        from the snapshot): the first try then sends no ^C, whose flush of the
+        tty's input can eat the line after it while the guest is still waking.
+        ``set_clock`` sets the guest's clock to the host's in the same line (a
+        restored guest wakes with the time its snapshot was taken).
         """
         deadline = time.monotonic() + timeout
+        wait = 1.0  # then 2, 4, 5 s: a slow answer to an earlier try still counts
+        tokens: list[bytes] = []
         while True:
-            token = new_sentinel()
-            # The quieting line is idempotent, so it goes first every time: a shell
-            # that was replaced (or never set up) is put right before it is trusted.
-            self._send(f"\x03\n{_SETUP}\nprintf '%s%s\\n' RBSYNC {token}\n")
-            step = min(5.0, max(deadline - time.monotonic(), 0.1))
-            if self._expect([re.compile(rb"RBSYNC" + token.encode())], step) is not None:
+            tokens.append(new_sentinel().encode())
+            # ^C flushes the tty's pending input, and with it whatever arrived in the
+            # same burst: it goes alone, and the rest a moment later. The quieting
+            # line is idempotent, so it goes first every time: a shell that was
+            # replaced (or never set up) is put right before it is trusted.
+            if not (idle and len(tokens) == 1):
+                self._send("\x03")
+                time.sleep(0.05)
+            clock = f"date -s @{time.time():.3f} >/dev/null 2>&1; " if set_clock else ""
+            self._send(f"\n{_SETUP}\n{clock}printf '%s%s\\n' RBSYNC {tokens[-1].decode()}\n")
+            step = min(wait, max(deadline - time.monotonic(), 0.1))
+            wait = min(wait * 2, 5.0)
+            if self._expect([re.compile(rb"RBSYNC(?:" + b"|".join(tokens) + rb")")], step) is not None:
                 self._drain()
                 return
             if time.monotonic() >= deadline:

@@ -262,10 +262,6 @@ def _wait_until_settled(guest: Guest, timeout: float) -> str:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
-def _set_clock(guest: Guest) -> None:
-    guest.probe(f"date -s @{time.time():.3f} >/dev/null", 10)
-
-
 # --- golden snapshots ----------------------------------------------------------------------
 
 def snapshot_dir(image: BuiltImage, accel: str) -> Path:
@@ -431,11 +427,10 @@ class Sandbox:
         if q.status() != "running":
             q.cmd("cont")
         self._serial = SerialGuest(str(q.console_path), q.forwards)
-        self._serial.sync(20)
+        self._serial.sync(20, idle=True, set_clock=True)
         self.shell_s = time.monotonic() - q.started
         if q.status() == "internal-error":
             raise KvmUnusable("the restored guest stopped with KVM internal error")
-        _set_clock(self._serial)
 
     def _cold(self, image: BuiltImage, accel: str) -> None:
         assert self._dir is not None
