@@ -96,10 +96,16 @@ def image_dir(recipe: Recipe) -> Path:
     return cache_dir("images") / f"{recipe.name}-{recipe.key}"
 
 
+def lock_path(artefact: Path) -> Path:
+    """The lock file beside a cached artefact: its whole name plus ``.lock``."""
+    return artefact.with_name(artefact.name + ".lock")
+
+
 @contextlib.contextmanager
-def file_lock(path: Path, what: str, progress: Progress | None = None,
+def file_lock(artefact: Path, what: str, progress: Progress | None = None,
               timeout: float = BUILD_TIMEOUT) -> Iterator[None]:
-    """An exclusive flock, so two rootbench processes never build the same thing at once."""
+    """An exclusive flock on ``artefact``'s lock file, so two rootbench processes never build it at once."""
+    path = lock_path(artefact)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         deadline = time.monotonic() + timeout
@@ -146,7 +152,7 @@ def ensure_image(name: str, progress: Progress) -> BuiltImage:
     built = _read_built(d)
     if built:
         return built
-    with file_lock(d.with_suffix(".lock"), f"image {name}", progress):
+    with file_lock(d, f"image {name}", progress):
         built = _read_built(d)  # another process may have built it meanwhile
         if built:
             return built
@@ -156,7 +162,7 @@ def ensure_image(name: str, progress: Progress) -> BuiltImage:
 def build_image(name: str, progress: Progress, force: bool = False) -> BuiltImage:
     recipe = load_recipe(name)
     d = image_dir(recipe)
-    with file_lock(d.with_suffix(".lock"), f"image {name}", progress):
+    with file_lock(d, f"image {name}", progress):
         built = _read_built(d)
         if built and not force:
             progress(f"[image] {name} is already built ({d})")

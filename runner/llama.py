@@ -123,7 +123,7 @@ def ensure_llama_server(progress: Progress, path: str | None = None) -> Path:
     d = build_dir()
     if _binary_in(d).is_file():
         return _binary_in(d)
-    with file_lock(d.with_suffix(".lock"), "llama-server build", progress, timeout=BUILD_TIMEOUT):
+    with file_lock(d, "llama-server build", progress, timeout=BUILD_TIMEOUT):
         if _binary_in(d).is_file():
             return _binary_in(d)
         t0 = time.monotonic()
@@ -207,7 +207,7 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
     dest = model_path(name)
     if dest.is_file() and dest.stat().st_size == spec.size:
         return dest
-    with file_lock(dest.with_suffix(".lock"), f"model {name}", progress, timeout=BUILD_TIMEOUT):
+    with file_lock(dest, f"model {name}", progress, timeout=BUILD_TIMEOUT):
         if dest.is_file() and dest.stat().st_size == spec.size:
             return dest
         t0 = time.monotonic()

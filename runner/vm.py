@@ -278,7 +278,7 @@ def ensure_snapshot(image: BuiltImage, accel: str, progress: Progress) -> Path:
     d = snapshot_dir(image, accel)
     if _snapshot_ready(d):
         return d
-    with file_lock(d.with_name(d.name + ".lock"), f"snapshot {image.name}", progress):
+    with file_lock(d, f"snapshot {image.name}", progress):
         if _snapshot_ready(d):
             return d
         progress(f"[vm] making the golden snapshot of {image.name} ({accel}): one cold boot")
