@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.images import lock_path
 from runner.paths import cache_root, repo_root
 
 KINDS = ("images", "snapshots", "llama-server", "models")  # apt-archives and hostinfo are always kept
@@ -90,22 +91,16 @@ def entries() -> list[Entry]:
     return out
 
 
-def prune() -> list[Entry]:
-    """Remove every entry not in use; returns what was removed."""
+def prune(listed: list[Entry]) -> list[Entry]:
+    """Remove every entry of ``listed`` not in use; returns what was removed."""
     removed = []
-    for e in entries():
+    for e in listed:
         if e.in_use:
             continue
         if e.path.is_dir() and not e.path.is_symlink():
-            # snapshots and images are made read-only: let rmtree through
-            for p in [e.path, *e.path.rglob("*")]:
-                if p.is_dir() and not p.is_symlink():
-                    p.chmod(0o700)
             shutil.rmtree(e.path)
         else:
             e.path.unlink()
-        lock = e.path.with_name(e.path.name + ".lock")
-        if lock.exists():
-            lock.unlink()
+        lock_path(e.path).unlink(missing_ok=True)
         removed.append(e)
     return removed

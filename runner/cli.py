@@ -358,12 +358,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from runner.paths import cache_root
     from runner.report import render_rows
 
-    removed = prune() if args.prune else []
-    rows = [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", e.state] for e in entries()]
+    listed = entries()
+    removed = prune(listed) if args.prune else []
+    kept = [e for e in listed if e not in removed]
+    rows = [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", e.state] for e in kept]
     rows += [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", "removed"] for e in removed]
     _out(render_rows(["kind", "entry", "MB", "state"], rows, args.format))
     if args.format != "json":
-        stale = sum(e.size for e in entries() if not e.in_use)
+        stale = sum(e.size for e in kept if not e.in_use)
         _out(f"\ncache: {cache_root()}")
         if removed:
             _out(f"removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}, "

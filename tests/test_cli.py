@@ -119,7 +119,6 @@ def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(tmp_pat
         d.mkdir(parents=True)
         (d / "data").write_bytes(b"x" * 1000)
         (d / "data").chmod(0o444)
-    stale_snap.chmod(0o500)  # snapshots are stored read-only
     old_model.parent.mkdir()
     for f in (old_model, current_model):
         f.write_bytes(b"gguf")
