@@ -273,6 +273,32 @@ def _snapshot_ready(d: Path) -> bool:
     return all((d / f).is_file() for f in ("frozen.qcow2", "template.ram", "device.state", "snapshot.json"))
 
 
+def _boot_and_save(image: BuiltImage, accel: str, work: Path, progress: Progress, t0: float) -> None:
+    """One cold boot, waited on until settled, then saved into ``work`` (RAM file, device state)."""
+    _overlay(image.base, work / "frozen.qcow2")
+    q = _Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False)
+    try:
+        guest = _wait_for_shell(q, BOOT_TIMEOUT)
+        state = _wait_until_settled(guest, READY_TIMEOUT)
+        progress(f"[vm] golden boot ready in {time.monotonic() - t0:.1f}s (system {state})")
+        guest.probe("sync; systemctl is-active nginx ssh", 30)
+        guest.close()
+        q.cmd("migrate-set-capabilities",
+              capabilities=[{"capability": "x-ignore-shared", "state": True}])
+        q.cmd("stop")
+        q.cmd("migrate", uri=f"exec:cat > {work / 'device.state'}")
+        deadline = time.monotonic() + 60
+        while True:
+            info = q.cmd("query-migrate") or {}
+            if info.get("status") == "completed":
+                break
+            if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
+                raise VMError(f"saving the snapshot failed: {info.get('error-desc', info)}")
+            time.sleep(0.02)
+    finally:
+        q.stop()
+
+
 def ensure_snapshot(image: BuiltImage, accel: str, progress: Progress) -> Path:
     """The golden snapshot's directory; made by one cold boot if the cache lacks it."""
     d = snapshot_dir(image, accel)
@@ -287,28 +313,7 @@ def ensure_snapshot(image: BuiltImage, accel: str, progress: Progress) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True, mode=0o700)
         try:
-            _overlay(image.base, work / "frozen.qcow2")
-            q = _Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False)
-            try:
-                guest = _wait_for_shell(q, BOOT_TIMEOUT)
-                state = _wait_until_settled(guest, READY_TIMEOUT)
-                progress(f"[vm] golden boot ready in {time.monotonic() - t0:.1f}s (system {state})")
-                guest.probe("sync; systemctl is-active nginx ssh", 30)
-                guest.close()
-                q.cmd("migrate-set-capabilities",
-                      capabilities=[{"capability": "x-ignore-shared", "state": True}])
-                q.cmd("stop")
-                q.cmd("migrate", uri=f"exec:cat > {work / 'device.state'}")
-                deadline = time.monotonic() + 60
-                while True:
-                    info = q.cmd("query-migrate") or {}
-                    if info.get("status") == "completed":
-                        break
-                    if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
-                        raise VMError(f"saving the snapshot failed: {info.get('error-desc', info)}")
-                    time.sleep(0.02)
-            finally:
-                q.stop()
+            _boot_and_save(image, accel, work, progress, t0)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)  # a failed attempt leaves no 260 MB behind
             raise
