@@ -29,8 +29,7 @@ setup:
 	@$(MAKE) --no-print-directory $(PY)
 
 ## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests
-test: setup
-	$(PY) -m ruff check runner tests
+test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" $(ARGS)
 
 ## test-fast: only what needs neither a VM nor a model
@@ -57,8 +56,10 @@ perf: setup
 reliability: setup
 	$(PY) -m pytest -q -s tests/test_reliability.py $(ARGS)
 
+## lint: ruff, and import-linter's layer and no-cycle contracts (pyproject.toml)
 lint: setup
 	$(PY) -m ruff check runner tests
+	$(VENV)/bin/lint-imports
 
 image: setup
 	$(RB) image build $(ARGS)

@@ -1,5 +1,5 @@
 """Allow `python -m runner`."""
 
-from runner.cli import main
+from runner.app.cli import main
 
 raise SystemExit(main())

@@ -36,6 +36,6 @@ def no_new_qemu() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def image():  # type: ignore[no-untyped-def]
     """The default image, built if the cache lacks it (the first run takes a few minutes)."""
-    from runner.images import ensure_image
+    from runner.backends.images import ensure_image
 
-    return ensure_image("debian-12-nginx", lambda m: print(m, flush=True))
+    return ensure_image("debian-12-nginx")

@@ -6,20 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from runner.agent import run_episode
-from runner.cassette import Cassette, CassetteWriter, Clock, RecordingGuest, RecordingModel
-from runner.model import ScriptedModel
-from runner.paths import repo_root
-from runner.protocol import get_protocol
-from runner.spec import load_spec
-from runner.vm import Sandbox
+from runner.backends.sandbox import Sandbox
+from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.clock import Clock
+from runner.core.episode import run_episode
+from runner.core.model import ScriptedModel
+from runner.core.outcomes import AgentKind
+from runner.core.paths import repo_root
+from runner.core.protocol import get_protocol
+from runner.core.recording import RecordingGuest, RecordingModel
+from runner.core.spec import load_spec
 
 pytestmark = pytest.mark.vm
 
 
 def test_a_repeated_command_gets_a_note_and_is_counted(tmp_path: Path) -> None:
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
-    agent = ScriptedModel("loop", ["systemctl is-active nginx"] * 3 + ["ss -ltn"], "gave up")
+    agent = ScriptedModel(AgentKind.MODEL, ["systemctl is-active nginx"] * 3 + ["ss -ltn"], "gave up")
     path = tmp_path / "c.jsonl"
     with Sandbox(scenario.image, accel="tcg") as box, CassetteWriter(path) as writer:
         writer.write({"type": "header", "format": 1, "model": agent.fingerprint()})

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.cassette import _SECRET_KEYS, Cassette, CassetteWriter, ReplayModel, find_cassettes
-from runner.errors import InvalidInput, ReplayMismatch
-from runner.model import ChatRequest
+from runner.core.cassette import _SECRET_KEYS, Cassette, CassetteWriter, find_cassettes
+from runner.core.errors import InvalidInput, ReplayMismatch
+from runner.core.model import ChatRequest
+from runner.core.replay import ReplayModel
 
 _keys = st.text(max_size=10).filter(lambda k: k.lower() not in _SECRET_KEYS)
 _values = st.recursive(
@@ -80,8 +81,8 @@ def test_find_cassettes_errors(tmp_path: Path) -> None:
 
 
 def test_replay_mismatch_names_turn_and_message(tmp_path: Path) -> None:
-    from runner.cassette import RecordingModel
-    from runner.model import oracle
+    from runner.core.model import oracle
+    from runner.core.recording import RecordingModel
 
     path = tmp_path / "c.jsonl"
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "fix it"}]

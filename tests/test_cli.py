@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.paths import repo_root
+from runner.core.paths import repo_root
 
 ROOT = repo_root()
 
@@ -106,7 +106,7 @@ def test_doctor_runs() -> None:
 def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(tmp_path: Path) -> None:
     import os
 
-    from runner.llama import MODELS
+    from runner.backends.llama import MODELS
 
     cache = tmp_path / "cache"
     stale_image = cache / "images" / "debian-12-nginx-0123456789abcdef"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.guest import CHUNK_BYTES, framed_lines, parse_frame, quote_bytes
+from runner.backends.framing import CHUNK_BYTES, framed_lines, parse_frame, quote_bytes
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=300) | st.sampled_from(
     ["it's", "!!", "!$ ^a^b", "a\\nb", "\\", "'\"'", "$HOME `id` $(id)", "\x03\x04\x1b[2J", "\t\n\r"])

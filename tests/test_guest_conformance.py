@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from runner.cassette import Cassette, CassetteWriter, RecordingGuest, ReplayGuest
-from runner.guest import Guest
-from runner.vm import Sandbox
+from runner.backends.sandbox import Sandbox
+from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.guest import Guest
+from runner.core.recording import RecordingGuest
+from runner.core.replay import ReplayGuest
 
 pytestmark = pytest.mark.vm
 
@@ -143,7 +145,7 @@ def test_probe_channel_ignores_what_the_agent_defined(conform: Callable[[Check],
         g.exec("printf '#!/bin/sh\\necho active\\n' > /usr/local/bin/systemctl; "
                "chmod +x /usr/local/bin/systemctl; echo 'alias curl=true' >> /root/.bashrc; "
                "echo 'export PATH=/usr/local/bin:$PATH' >> /root/.bashrc", 10)
-        r = g.probe("command -v systemctl; echo $PATH; type curl", 10)
+        r = g.run_clean("command -v systemctl; echo $PATH; type curl", 10)
         assert r.output.splitlines()[0] == "/usr/bin/systemctl"
         assert "/usr/local" not in r.output and "alias" not in r.output
         g.exec("rm -f /usr/local/bin/systemctl; sed -i '/alias curl/d;/usr\\/local\\/bin:/d' /root/.bashrc", 10)

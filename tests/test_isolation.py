@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runner.vm import Sandbox
+from runner.backends.sandbox import Sandbox
 
 pytestmark = pytest.mark.vm
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from runner.bench import RunOptions, replay_one, run_one
-from runner.cassette import Cassette
-from runner.llama import LlamaServer, ensure_llama_server, fetch_model, llama_fingerprint
-from runner.model import OpenAIModel
-from runner.paths import repo_root
-from runner.protocol import get_protocol
-from runner.spec import Budget, load_spec
+from runner.app.episodes import RunOptions, run_one
+from runner.app.replay import replay_one
+from runner.backends.llama import LlamaServer, ensure_llama_server, fetch_model, llama_fingerprint
+from runner.backends.openai import OpenAIModel
+from runner.core.cassette import Cassette
+from runner.core.paths import repo_root
+from runner.core.protocol import get_protocol
+from runner.core.spec import Budget, load_spec
 
 pytestmark = [pytest.mark.model, pytest.mark.vm]
 # The 1.5B acts on turn 1 here; the 0.5B at temperature 0 finishes at once, which would leave
@@ -24,8 +25,8 @@ MODEL = "qwen2.5-coder-1.5b"
 def test_live_run_is_recorded_and_replays(tmp_path: Path) -> None:
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
     scenario = dataclasses.replace(scenario, budget=Budget(turns=3, seconds=300, command_timeout=15))
-    binary = ensure_llama_server(print)
-    gguf = fetch_model(MODEL, print)
+    binary = ensure_llama_server()
+    gguf = fetch_model(MODEL)
     cassette = tmp_path / "live.jsonl"
     with LlamaServer(binary, gguf, tmp_path / "llama.log") as server:
         model = OpenAIModel(server.endpoint, MODEL, max_tokens=200,

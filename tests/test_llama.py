@@ -8,24 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import InfraError
-from runner.llama import (
+from runner.backends.llama import (
     LlamaServer,
     ensure_llama_server,
     fetch_model,
     join_parts,
     llama_fingerprint,
 )
-from runner.model import ChatRequest, OpenAIModel
-from runner.protocol import BudgetLeft, JsonProtocol, RunCommand, choose_protocol
+from runner.backends.openai import OpenAIModel
+from runner.core.errors import InfraError
+from runner.core.model import ChatRequest
+from runner.core.protocol import BudgetLeft, JsonProtocol, RunCommand, choose_protocol
 
 MODEL = "qwen2.5-coder-0.5b"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LlamaServer, Path, Path]]:
-    binary = ensure_llama_server(print)
-    gguf = fetch_model(MODEL, print)
+    binary = ensure_llama_server()
+    gguf = fetch_model(MODEL)
     with LlamaServer(binary, gguf, tmp_path_factory.mktemp("llama") / "server.log") as s:
         yield s, binary, gguf
 

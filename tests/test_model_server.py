@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from badserver import bad_server
 
-from runner.errors import ContextExhausted, ModelServerError
-from runner.model import ChatRequest, OpenAIModel
-from runner.protocol import ToolsProtocol, Violation
+from runner.backends.openai import OpenAIModel
+from runner.core.errors import ContextExhausted, ModelServerError
+from runner.core.model import ChatRequest
+from runner.core.protocol import ToolsProtocol, Violation
 
 KEY = "sk-rootbench-test-secret-9876"
 REQ = ChatRequest(messages=[{"role": "user", "content": "hi"}])
@@ -103,13 +104,14 @@ def test_context_overflow_is_the_agents_limit_not_a_server_fault() -> None:
 
 def _episode_against(script: list[str], path: Path, seconds: int | None = None) -> tuple[Any, Any]:
     """rogue-port-80 on a real VM, the json protocol, the model a misbehaving loopback server."""
-    from runner.agent import run_episode
-    from runner.bench import scenario_to_dict
-    from runner.cassette import CassetteWriter, Clock, RecordingGuest, RecordingModel
-    from runner.paths import repo_root
-    from runner.protocol import get_protocol
-    from runner.spec import load_spec
-    from runner.vm import Sandbox
+    from runner.backends.sandbox import Sandbox
+    from runner.core.cassette import CassetteWriter
+    from runner.core.clock import Clock
+    from runner.core.episode import run_episode
+    from runner.core.paths import repo_root
+    from runner.core.protocol import get_protocol
+    from runner.core.recording import RecordingGuest, RecordingModel
+    from runner.core.spec import load_spec, scenario_to_dict
 
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
     if seconds is not None:
@@ -128,7 +130,7 @@ def _episode_against(script: list[str], path: Path, seconds: int | None = None) 
 
 @pytest.mark.vm
 def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runner.bench import replay_one
+    from runner.app.replay import replay_one
 
     path = tmp_path / "c.jsonl"
     ep, _state = _episode_against(["context-full"], path)
@@ -140,7 +142,7 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
 
 @pytest.mark.vm
 def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runner.bench import replay_one
+    from runner.app.replay import replay_one
 
     path = tmp_path / "c.jsonl"
     ep, _state = _episode_against(["stall"] * 3, path, seconds=12)
@@ -151,7 +153,7 @@ def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path) -> N
 
 @pytest.mark.vm
 def test_episode_against_a_broken_server_is_infra_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runner.cassette import Cassette
+    from runner.core.cassette import Cassette
 
     path = tmp_path / "c.jsonl"
     ep, state = _episode_against(["500"], path)

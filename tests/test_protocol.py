@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.guest import CommandResult
-from runner.model import ChatRequest
-from runner.protocol import (
+from runner.core.guest import CommandResult
+from runner.core.model import ChatRequest
+from runner.core.protocol import (
     BudgetLeft,
     Finish,
     JsonProtocol,
@@ -20,7 +20,7 @@ from runner.protocol import (
     Violation,
     get_protocol,
 )
-from runner.spec import Scenario
+from runner.core.spec import Scenario
 
 ALL = [ToolsProtocol(), JsonProtocol(), TextProtocol()]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from runner.bench import replay_one
-from runner.cassette import Cassette
-from runner.paths import repo_root
-from runner.protocol import PROTOCOLS
+from runner.app.replay import replay_one
+from runner.core.cassette import Cassette
+from runner.core.paths import repo_root
+from runner.core.protocol import PROTOCOLS
 
 LIVE = repo_root() / "recordings" / "live"
 
@@ -37,6 +37,6 @@ def test_each_protocol_has_real_model_cassettes_that_replay(protocol: str) -> No
         assert model.get("model_sha256") and model.get("chat_template_sha256"), cas.path
         assert sum(e["type"] == "model" for e in cas.events) >= 1, cas.path
         acted += any(e["type"] == "guest" and e["op"] == "exec" for e in cas.events)
-        outcome = replay_one(cas.path, offline=True, progress=lambda _m: None)
+        outcome = replay_one(cas.path, offline=True)
         assert outcome.same, f"{cas.path.name}: recorded {outcome.recorded}, replayed {outcome.replayed}: {outcome.note}"
     assert acted, f"no {protocol} cassette ran a command in the guest"

@@ -22,16 +22,19 @@ import pytest
 from conftest import qemu_children, qemu_pids
 from tabulate import tabulate
 
-from runner.agent import Episode, run_episode
-from runner.bench import AgentChoice, RunOptions, run_bench, run_one
-from runner.cassette import Clock
-from runner.images import base_sha256, ensure_image
-from runner.model import ChatRequest, ModelReply, ScriptedModel
-from runner.paths import repo_root
-from runner.protocol import get_protocol
-from runner.report import render_table
-from runner.spec import Budget, load_spec
-from runner.vm import Sandbox
+from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
+from runner.app.episodes import RunOptions, run_one
+from runner.app.report import render_table
+from runner.backends.images import base_sha256, ensure_image
+from runner.backends.sandbox import Sandbox
+from runner.core.clock import Clock
+from runner.core.episode import Episode, run_episode
+from runner.core.model import ChatRequest, ModelReply, ScriptedModel
+from runner.core.outcomes import AgentKind
+from runner.core.paths import repo_root
+from runner.core.protocol import get_protocol
+from runner.core.spec import Budget, load_spec
 
 pytestmark = [pytest.mark.vm, pytest.mark.reliability]
 ROWS: list[list[str]] = []
@@ -92,7 +95,7 @@ def test_qemu_killed_mid_episode_is_infra_error_and_the_bench_goes_on(tmp_path: 
     tools = get_protocol("tools")
     first = run_one(rogue, KillsTheVm("oracle", list(rogue.solution), "done"), tools, "t", opts,
                     tmp_path / "a.jsonl")
-    second = run_one(masked, ScriptedModel("oracle", list(masked.solution), "done"), tools, "t",
+    second = run_one(masked, ScriptedModel(AgentKind.ORACLE, list(masked.solution), "done"), tools, "t",
                      opts, tmp_path / "b.jsonl")
     assert first.verdict == "infra-error", (first.verdict, first.reason)
     assert "\n" not in first.reason and "killed from outside" in first.reason
@@ -212,7 +215,7 @@ def test_disk_full_in_the_run_directory(tmp_path: Path) -> None:
 
 
 def test_two_rootbench_processes_at_once(tmp_path: Path) -> None:
-    script = ("from runner.vm import Sandbox\n"
+    script = ("from runner.backends.sandbox import Sandbox\n"
               "with Sandbox('debian-12-nginx', accel='auto') as b:\n"
               "    print(b._dir, b.guest.exec('echo $$ > /root/me; cat /root/me', 20).output.strip())\n")
     procs = [subprocess.Popen([sys.executable, "-c", script], cwd=repo_root(), stdout=subprocess.PIPE,
@@ -227,17 +230,17 @@ def test_two_rootbench_processes_at_once(tmp_path: Path) -> None:
 @pytest.mark.soak
 def test_soak_published_scenarios(tmp_path: Path) -> None:
     rounds = int(os.environ.get("ROOTBENCH_SOAK_ROUNDS", "20"))
-    image = ensure_image("debian-12-nginx", print)
+    image = ensure_image("debian-12-nginx")
     base_before = base_sha256(image)
     scenarios = [load_spec(SPECS / f"{n}.yaml") for n in ("rogue-port-80", "permission-403",
                                                           "nginx-config-syntax")]
     # One warm-up run first: connection pools and caches opened once are not leaks.
-    run_bench(scenarios[:1], AgentChoice(kind="oracle"), RunOptions(accel="auto"),
-              tmp_path / "warm-up", progress=lambda _m: None)
+    run_bench(scenarios[:1], AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto"),
+              tmp_path / "warm-up")
     fds_before = len(os.listdir("/proc/self/fd"))
     tmp_before = len(list(Path("/tmp").glob("rb-*")))
-    eps = run_bench(scenarios, AgentChoice(kind="oracle"), RunOptions(accel="auto", repeat=rounds),
-                    tmp_path / "soak", progress=lambda _m: None)
+    eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto", repeat=rounds),
+                    tmp_path / "soak")
     times = [e.seconds for e in eps]
     leaks = {"fds": len(os.listdir("/proc/self/fd")) - fds_before,
              "qemu": len(qemu_children()),  # ours only: other benches may run beside us

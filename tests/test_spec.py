@@ -10,9 +10,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.errors import InvalidInput
-from runner.paths import repo_root
-from runner.spec import Scenario, check_specs, load_spec, load_specs, scenario_from_text
+from runner.core.errors import InvalidInput
+from runner.core.paths import repo_root
+from runner.core.spec import Scenario, check_specs, load_spec, load_specs, scenario_from_text
 
 GOOD = textwrap.dedent("""\
     id: demo

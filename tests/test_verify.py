@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.paths import repo_root
+from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 

@@ -13,17 +13,18 @@ from pathlib import Path
 import pytest
 from conftest import qemu_pids
 
-from runner.errors import GuestDown
-from runner.images import base_sha256
-from runner.vm import Sandbox, choose_accel, kvm_status
+from runner.backends.images import base_sha256
+from runner.backends.qemu import choose_accel, kvm_status
+from runner.backends.sandbox import Sandbox
+from runner.core.errors import GuestDown
 
 pytestmark = pytest.mark.vm
 
 
 def test_restore_gives_a_ready_root_shell(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
     with Sandbox(image.name, accel="auto") as box:
-        assert box.info["restored"] is True
-        assert box.info["accel"] in ("kvm", "tcg")
+        assert box.info.restored is True
+        assert box.info.accel in ("kvm", "tcg")
         r = box.guest.exec("id -u; systemctl is-active nginx", 20)
         assert r.exit_code == 0 and r.output.split() == ["0", "active"]
         # the guest clock was set on restore
@@ -63,7 +64,7 @@ def test_base_image_is_never_written(image, no_new_qemu) -> None:  # type: ignor
 
 def test_cold_boot_works_without_a_snapshot(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
     with Sandbox(image.name, accel="tcg", snapshot=False) as box:
-        assert box.info["restored"] is False
+        assert box.info.restored is False
         assert box.guest.exec("systemctl is-active ssh", 20).output.strip() == "active"
 
 
@@ -103,7 +104,7 @@ def test_guest_poweroff_is_not_an_outside_kill(image, no_new_qemu) -> None:  # t
 def test_no_orphan_qemu_when_rootbench_is_killed(image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     script = textwrap.dedent("""
         import sys, time
-        from runner.vm import Sandbox
+        from runner.backends.sandbox import Sandbox
         with Sandbox("debian-12-nginx", accel="tcg") as box:
             print(box.pid, flush=True)
             time.sleep(600)

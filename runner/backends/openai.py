@@ -1,138 +1,25 @@
-"""Model backends: where the agent's next message comes from.
+"""Any OpenAI-compatible chat server: llama-server, vLLM, Ollama, or a remote API.
 
-Every backend answers a :class:`ChatRequest` with a :class:`ModelReply` whose
-``message`` is an OpenAI-style assistant message. The oracle and noop agents
-are backends too, so the loop, parsing and scoring are the same code for a
-real model, a scripted fix, and a replayed cassette.
+The one backend for real models. It retries what is transient inside the
+caller's deadline, tells "the conversation outgrew the context" apart from
+a broken server, and asks the server once what it can do (the capability
+requests ``choose_protocol`` reads). The API key is sent, never recorded.
 """
 
 from __future__ import annotations
 
-import abc
 import json
 import os
 import random
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
-from runner.errors import ContextExhausted, ModelServerError
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """One chat-completion request, before backend-specific fields are added."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
-    tool_choice: str | None = None
-
-    def payload(self) -> dict[str, Any]:
-        """The protocol-relevant request fields (what a replay must match)."""
-        body: dict[str, Any] = {"messages": self.messages}
-        if self.tools is not None:
-            body["tools"] = self.tools
-        if self.response_format is not None:
-            body["response_format"] = self.response_format
-        if self.tool_choice is not None:
-            body["tool_choice"] = self.tool_choice
-        return body
-
-
-@dataclass
-class ModelReply:
-    """The assistant message plus what it cost."""
-
-    message: dict[str, Any]
-    raw: dict[str, Any] = field(default_factory=dict)  # full response JSON, for the cassette
-    usage: dict[str, Any] = field(default_factory=dict)  # prompt_tokens, completion_tokens, cached_tokens, prompt_ms, predicted_ms
-    duration: float = 0.0
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # failed tries before this one
-
-
-class Model(abc.ABC):
-    """A source of assistant messages."""
-
-    name: str = "model"
-    kind: str = "model"
-
-    @abc.abstractmethod
-    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
-        """Answer ``request`` within ``timeout`` seconds or raise ``ModelServerError``."""
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies this model's behaviour, for the cassette header."""
-        return {"kind": self.kind, "name": self.name}
-
-    def template_supports_tools(self) -> bool | None:
-        """Whether the server's chat template handles tools; None when unknown."""
-        return None
-
-    def accepts_response_format(self) -> bool | None:
-        """Whether replies can be constrained by a JSON schema; None when unknown."""
-        return None
-
-    def makes_native_tool_calls(self) -> bool | None:
-        """Whether a probe request came back with a native ``tool_calls`` entry."""
-        return None
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release whatever the backend holds."""
-
-
-def _tool_call(index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": f"call_{index}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments)},
-    }
-
-
-class ScriptedModel(Model):
-    """Answers with fixed tool calls, one per turn, then ``finish``.
-
-    The oracle agent (a scenario's ``solution``) and the noop agent (no
-    commands at all) are both this, so ``verify`` exercises the real loop.
-    """
-
-    def __init__(self, kind: str, commands: list[str], summary: str) -> None:
-        self.kind = kind
-        self.name = kind
-        self._commands = list(commands)
-        self._summary = summary
-        self._turn = 0
-
-    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
-        turn = self._turn
-        self._turn += 1
-        if turn < len(self._commands):
-            call = _tool_call(turn, "run_command", {"command": self._commands[turn]})
-        else:
-            call = _tool_call(turn, "finish", {"summary": self._summary})
-        message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        return ModelReply(message=message, raw={"choices": [{"message": message}]})
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "commands": len(self._commands)}
-
-
-def oracle(solution: list[str]) -> ScriptedModel:
-    """The reference fix as an agent."""
-    return ScriptedModel("oracle", solution, "applied the reference solution")
-
-
-def noop() -> ScriptedModel:
-    """An agent that does nothing: a valid scenario must fail it."""
-    return ScriptedModel("noop", [], "did nothing")
-
-
-# --- any OpenAI-compatible server -----------------------------------------------------------------
-
-
+from runner.core.errors import ContextExhausted, ModelServerError
+from runner.core.model import ChatRequest, Model, ModelReply
+from runner.core.protocol import TOOLS
 
 MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat reply larger than this is a broken server
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -154,7 +41,7 @@ class OpenAIModel(Model):
     kept for the cassette. The API key is sent, never recorded.
     """
 
-    kind = "openai"
+    kind = "openai"  # the backend, for the fingerprint; the agent is AgentKind.MODEL
 
     def __init__(self, endpoint: str, model_name: str, *, api_key: str | None = None,
                  temperature: float = 0.0, seed: int = 0, max_tokens: int = 512,
@@ -289,9 +176,9 @@ class OpenAIModel(Model):
                       "required": ["ok"], "additionalProperties": False}
             req = ChatRequest(messages=[{"role": "user", "content": 'Reply {"ok": true}'}],
                               response_format={"type": "json_schema",
-                                               "json_schema": {"name": "probe", "schema": schema}})
+                                               "json_schema": {"name": "capability", "schema": schema}})
             try:
-                reply = self._probe(req)
+                reply = self._ask_capability(req)
                 value = json.loads(reply.message.get("content") or "")
                 self._json_ok = isinstance(value, dict) and isinstance(value.get("ok"), bool)
             except (ModelServerError, ValueError):
@@ -300,19 +187,17 @@ class OpenAIModel(Model):
 
     def makes_native_tool_calls(self) -> bool | None:
         if self._native is None:
-            from runner.protocol import TOOLS
-
             req = ChatRequest(messages=[{"role": "user", "content": "Run the command `uptime`."}],
                               tools=TOOLS)
             try:
-                reply = self._probe(req)
+                reply = self._ask_capability(req)
                 calls = reply.message.get("tool_calls")
                 self._native = isinstance(calls, list) and bool(calls)
             except ModelServerError:
                 self._native = False
         return self._native
 
-    def _probe(self, request: ChatRequest) -> ModelReply:
+    def _ask_capability(self, request: ChatRequest) -> ModelReply:
         saved = self.max_tokens
         self.max_tokens = 32
         try:

@@ -9,28 +9,54 @@ traceback); 130/143 interrupted by SIGINT/SIGTERM after tearing everything down.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as _dt
 import json
+import logging
 import os
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from runner import __version__
-from runner.errors import InfraError, InvalidInput, RootbenchError
+from runner.app import logs
+from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
+from runner.app.cache import entries, prune
+from runner.app.episodes import RunOptions
+from runner.app.perf import measure, render
+from runner.app.replay import replay_one
+from runner.app.report import FORMATS, pass_at, render_rows, render_table
+from runner.app.runs import load_results, new_run_dir
+from runner.app.signals import Interrupted
+from runner.app.verify import Verification, table_rows, verify_scenario
+from runner.backends.cachedir import cache_root
+from runner.backends.images import build_image, find_image, list_images
+from runner.backends.llama import (
+    DEFAULT_CTX_SIZE,
+    DEFAULT_MODEL,
+    describe_setup,
+    ensure_llama_server,
+    fetch_model,
+)
+from runner.backends.qemu import choose_accel, kvm_status, qemu_version
+from runner.backends.snapshot import snapshot_dir
+from runner.core.cassette import RecordMode, find_cassettes
+from runner.core.errors import InfraError, InvalidInput, ReplayMismatch, RootbenchError
+from runner.core.outcomes import AgentKind, Verdict
+from runner.core.protocol import CHOICES
+from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs, select
 
 DEFAULT_IMAGE = "debian-12-nginx"
-
-
-def _progress(message: str) -> None:
-    from runner.agent import clean_text
-
-    print(clean_text(message), file=sys.stderr, flush=True)
+log = logging.getLogger("rootbench.cli")
 
 
 def _out(text: str) -> None:
+    """The command's answer, on stdout (progress goes to stderr through logging)."""
     print(text, flush=True)
 
 
@@ -43,12 +69,13 @@ def _vm_args(p: argparse.ArgumentParser) -> None:
                    help="guest channel for the agent's commands")
 
 
-def _agent_args(p: argparse.ArgumentParser) -> None:
-    from runner.bench import DEFAULT_MODEL
-    from runner.llama import DEFAULT_CTX_SIZE
-    from runner.protocol import CHOICES
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="github",
+                   help="github or plain tables, or one JSON document on stdout")
 
-    p.add_argument("--agent", choices=("model", "oracle", "noop"), default="model",
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", choices=[a.value for a in AgentKind], default="model",
                    help="who acts: a model, the scenario's solution, or nobody")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"named model (default {DEFAULT_MODEL})")
     p.add_argument("--model-file", help="any GGUF file to serve with llama-server")
@@ -61,9 +88,12 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx-size", type=int, default=DEFAULT_CTX_SIZE,
                    help="context window in tokens (a run that outgrows it ends as stop=context)")
     p.add_argument("--repeat", type=int, default=1, help="runs per scenario (reports pass@1, pass@N)")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")
     p.add_argument("--record-to", help="also copy every cassette into this directory")
+    p.add_argument("--record-mode", choices=[m.value for m in RecordMode], default="all",
+                   help="with --record-to: all runs everything live; once replays the scenarios "
+                        "that already have a cassette there; none replays only")
     _vm_args(p)
 
 
@@ -72,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         "Can this model fix a broken Linux server? Boots a throw-away QEMU VM, breaks it, "
         "hands a model a root shell, and checks the result with probes."))
     ap.add_argument("--version", action="version", version=f"rootbench {__version__}")
+    ap.add_argument("-q", "--quiet", action="store_true", help="progress lines off (warnings only)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="more detail in progress lines")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check scenario files against the schema")
@@ -79,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="list the scenarios")
     p.add_argument("paths", nargs="*")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
 
     p = sub.add_parser("run", help="run one scenario")
     p.add_argument("spec", help="a spec file")
@@ -99,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve the guest from the cassette too (no VM, no model)")
     p.add_argument("--lenient", action="store_true",
                    help="go on when a request differs from the recording")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
     _vm_args(p)
 
     p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle passes)")
@@ -107,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle)")
     p.add_argument("--jobs", type=int, default=1, help="scenarios verified side by side (VMs at once)")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
     _vm_args(p)
 
     p = sub.add_parser("perf", help="measure speed figures")
@@ -120,11 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="what the per-user cache holds; --prune removes what is no longer used")
     p.add_argument("--prune", action="store_true",
                    help="remove builds the current inputs no longer name (old images, snapshots, models)")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
 
     p = sub.add_parser("report", help="print the table of a run directory")
     p.add_argument("run_dir")
-    p.add_argument("--format", choices=("github", "plain", "json"), default="github")
+    _format_arg(p)
 
     p = sub.add_parser("image", help="guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
@@ -147,14 +179,10 @@ def _parser() -> argparse.ArgumentParser:
 # --- commands -----------------------------------------------------------------------------------
 
 def _spec_paths(paths: Sequence[str]) -> list[str | Path]:
-    from runner.spec import default_specs
-
     return list(paths) if paths else list(default_specs())
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from runner.spec import check_specs
-
     results = check_specs(_spec_paths(args.paths))
     if not results:
         raise InvalidInput("no scenario files found", path=", ".join(map(str, _spec_paths(args.paths))))
@@ -171,9 +199,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from runner.report import render_rows
-    from runner.spec import load_specs
-
     scenarios = load_specs(_spec_paths(args.paths))
     rows = [[s.id, s.difficulty or "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
             for s in scenarios]
@@ -181,53 +206,45 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choice(args: argparse.Namespace) -> Any:
-    from runner.bench import AgentChoice
-
+def _choice(args: argparse.Namespace) -> AgentChoice:
     if args.model_file and not Path(args.model_file).is_file():
         raise InvalidInput("no such file", path=args.model_file, field="--model-file")
     if args.repeat < 1:
         raise InvalidInput("must be at least 1", field="--repeat")
-    return AgentChoice(kind=args.agent, endpoint=args.endpoint, model=args.model,
+    return AgentChoice(kind=AgentKind(args.agent), endpoint=args.endpoint, model=args.model,
                        model_file=args.model_file, llama_server=args.llama_server,
                        temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                        ctx_size=args.ctx_size)
 
 
-def _bench(args: argparse.Namespace, scenarios: list[Any], resume: Path | None) -> int:
-    from runner.bench import RunOptions, new_run_dir, run_bench
-    from runner.report import pass_at, render_table
-
+def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | None) -> int:
     choice = _choice(args)
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol=args.protocol,
                       repeat=args.repeat)
     run_dir = resume or new_run_dir(Path(args.runs_dir), choice.label())
-    _progress(f"[bench] run directory: {run_dir}")
+    logging.getLogger("rootbench.bench").info("run directory: %s", run_dir)
     episodes = run_bench(scenarios, choice, opts, run_dir, resume=resume is not None,
                          retry_infra=args.retry_infra,
                          record_to=Path(args.record_to) if args.record_to else None,
-                         progress=_progress)
+                         record_mode=RecordMode(args.record_mode))
     _out(render_table(episodes, args.format))
     if args.repeat > 1 and args.format != "json":
         _out("")
         _out(pass_at(episodes, args.format))
-    _out(f"\nresults: {run_dir}/results.json")
-    if any(e.verdict == "infra-error" for e in episodes):
+    # The path is progress, not the answer: with --format json stdout stays one JSON document.
+    logging.getLogger("rootbench.bench").info("results: %s", run_dir / "results.json")
+    if any(e.verdict is Verdict.INFRA_ERROR for e in episodes):
         return 1
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.spec import load_spec
-
     scenario = load_spec(args.spec)
     args.retry_infra = 0  # `run` has no --retry-infra; one scenario, one try
     return _bench(args, [scenario], None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from runner.spec import load_specs, select
-
     resume = Path(args.resume) if args.resume else None
     if resume is not None and not (resume / "run.json").is_file():
         raise InvalidInput("not a run directory (no run.json)", path=str(resume), field="--resume")
@@ -238,11 +255,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from runner.bench import replay_one
-    from runner.cassette import find_cassettes
-    from runner.errors import ReplayMismatch
-    from runner.report import render_rows
-
     paths = find_cassettes(args.paths)  # raises InvalidInput when there are none
     rows = []
     all_same = True
@@ -250,7 +262,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for path in paths:
         try:
             o = replay_one(path, offline=args.offline, lenient=args.lenient, accel=args.accel,
-                           transport=args.transport, progress=_progress)
+                           transport=args.transport)
             rows.append([str(path), o.scenario, o.recorded, o.replayed,
                          "yes" if o.same else "NO", o.note[:80]])
             all_same &= o.same
@@ -267,11 +279,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runner.bench import new_run_dir
-    from runner.report import render_rows
-    from runner.spec import load_specs
-    from runner.verify import table_rows, verify_scenario
-
     scenarios = load_specs(_spec_paths(args.paths))
     run_dir = new_run_dir(Path("runs"), "verify")
     record_to = Path(args.record_to) if args.record_to else None
@@ -280,16 +287,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise InvalidInput("must be at least 1", field="--jobs")
 
-    def one(item: tuple[int, Any]) -> Any:
-        i, s = item
-        _progress(f"[verify] {i}/{len(scenarios)} {s.id}")
-        v = verify_scenario(s, run_dir, accel=args.accel, transport=args.transport,
-                            record_to=record_to, progress=_progress)
-        _progress(f"[verify] {s.id}: {'valid' if v.valid else 'INVALID: ' + '; '.join(v.problems)}"
-                  f" ({v.seconds:.1f}s)")
-        return v
+    vlog = logging.getLogger("rootbench.verify")
 
-    from concurrent.futures import ThreadPoolExecutor
+    def one(item: tuple[int, Scenario]) -> Verification:
+        i, s = item
+        vlog.info("%d/%d %s", i, len(scenarios), s.id)
+        v = verify_scenario(s, run_dir, accel=args.accel, transport=args.transport,
+                            record_to=record_to)
+        vlog.info("%s: %s (%.1fs)", s.id, "valid" if v.valid else "INVALID: " + "; ".join(v.problems),
+                  v.seconds)
+        return v
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, enumerate(scenarios, 1)))
@@ -304,17 +311,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from runner.perf import measure, render
-
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
-                      model_name=args.model, progress=_progress)
+                      model_name=args.model)
     _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from runner.report import load_results, render_table
-
     run_dir = Path(args.run_dir)
     if not (run_dir / "results.json").is_file():
         raise InvalidInput("not a run directory (no results.json)", path=str(run_dir))
@@ -324,11 +327,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from runner.images import build_image, list_images
-    from runner.report import render_rows
-
     if args.image_command == "build":
-        built = build_image(args.name, _progress, force=args.force)
+        built = build_image(args.name, force=args.force)
         _out(f"{built.name}: {built.base} (sha256 {built.sha256[:16]})")
         return 0
     images = list_images()
@@ -341,23 +341,16 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from runner.bench import DEFAULT_MODEL
-    from runner.llama import ensure_llama_server, fetch_model
-
     if args.model_command == "setup":
-        binary = ensure_llama_server(_progress)
-        path = fetch_model(args.model or DEFAULT_MODEL, _progress)
+        binary = ensure_llama_server()
+        path = fetch_model(args.model or DEFAULT_MODEL)
         _out(f"llama-server: {binary}\nmodel: {path}")
         return 0
-    _out(str(fetch_model(args.name, _progress)))
+    _out(str(fetch_model(args.name)))
     return 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from runner.cache import entries, prune
-    from runner.paths import cache_root
-    from runner.report import render_rows
-
     listed = entries()
     removed = prune(listed) if args.prune else []
     kept = [e for e in listed if e not in removed]
@@ -378,12 +371,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     problems: list[str] = []
     lines: list[str] = []
-    from runner.paths import cache_root
-
     qemu = shutil.which("qemu-system-x86_64")
     if qemu:
-        from runner.vm import kvm_status, qemu_version
-
         lines.append(f"qemu: {qemu} ({qemu_version()})")
         usable, why = kvm_status()
         lines.append(f"accelerator: {'kvm' if usable else 'tcg'} ({why})")
@@ -393,23 +382,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
             problems.append(f"{tool} is not installed (run `make setup`)")
     try:
-        from runner.images import find_image
-
         img = find_image(DEFAULT_IMAGE)
         lines.append(f"image {DEFAULT_IMAGE}: {img.base if img else 'not built (make image)'}")
         if img and qemu:
-            from runner.vm import choose_accel, snapshot_dir
-
             snap = snapshot_dir(img, choose_accel("auto"))
             lines.append(f"snapshot: {'present' if snap.is_dir() else 'not made yet (first run makes it)'}")
     except RootbenchError as exc:
         problems.append(str(exc))
     try:
-        from runner.llama import describe_setup
-
         lines.extend(describe_setup())
-    except ImportError:
-        lines.append("llama-server: support not installed")
     except RootbenchError as exc:
         problems.append(str(exc))
     root = cache_root()
@@ -429,10 +410,21 @@ COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench":
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from runner.bench import Interrupted
+def _crash_log(exc: BaseException) -> Path | None:
+    """Write the traceback of an unexpected error to the cache's crash folder; its path, or None."""
+    try:
+        folder = cache_root() / "crashes"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+        return path
+    except Exception:  # noqa: BLE001 - reporting a crash must not crash
+        return None
 
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logs.setup(-1 if args.quiet else 1 if args.verbose else 0)
     try:
         return COMMANDS[args.command](args)
     except InvalidInput as exc:
@@ -452,14 +444,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RootbenchError as exc:
         print(f"rootbench: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`rootbench list | head`): nothing more can be said to it.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
             print(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
                   "results written so far are intact", file=sys.stderr)
             return 1
-        raise
-    except BrokenPipeError:
-        os._exit(1)
+        return _last_resort(exc)
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
+        return _last_resort(exc)
+
+
+def _last_resort(exc: BaseException) -> int:
+    where = _crash_log(exc)
+    detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+    print(f"rootbench: unexpected error ({type(exc).__name__}: {detail}); please report this"
+          + (f" with {where}" if where else ""), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ does not compile, two specs with one id) is checked here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,8 +23,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from runner.errors import InvalidInput
-from runner.paths import repo_root
+from runner.core.errors import InvalidInput
+from runner.core.paths import repo_root
 
 MAX_SPEC_BYTES = 256 * 1024
 PROBE_KINDS = ("command", "http", "service", "port", "file")
@@ -347,3 +348,25 @@ def select(scenarios: list[Scenario], ids: Iterable[str]) -> list[Scenario]:
             raise InvalidInput(f"no scenario with id {i!r}", field="--only")
         out.append(by_id[i])
     return out
+
+
+# --- scenarios in cassette headers -----------------------------------------------------------
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    """The scenario as plain JSON, for a cassette header (replay needs no spec file)."""
+    return dataclasses.asdict(s)
+
+
+def scenario_from_dict(d: dict[str, Any]) -> Scenario:
+    """Rebuild the scenario a cassette was recorded with."""
+    try:
+        fields = dict(d)
+        fields["budget"] = Budget(**fields["budget"])
+        for key in ("probes", "invariants"):
+            fields[key] = tuple(Probe(**p) for p in fields[key])
+        for key in ("tags", "setup", "solution", "forbidden"):
+            fields[key] = tuple(fields.get(key) or ())
+        return Scenario(**fields)
+    except (KeyError, TypeError) as exc:
+        raise InvalidInput(f"the cassette's scenario is unreadable: {exc}",
+                           field="header.scenario") from None

@@ -1,13 +1,16 @@
-"""The exception tree: one root, three branches.
+"""The exception tree: one root, two branches the user must tell apart.
 
-Every failure the harness reports falls in exactly one branch, because each
+Every failure the harness raises falls in exactly one branch, because each
 means something different to the user:
 
 * ``InvalidInput``: the user's input (a spec, a recipe, a flag) is wrong.
   The CLI prints one line naming the file and field and exits 2.
 * ``InfraError``: the machinery broke (QEMU died, the model server reset).
   A scenario that hits it is ``infra-error``, never a model failure.
-* ``ScenarioError``: the scenario itself is unsound (its fault did not land).
+
+The third outcome, "the scenario failed", is not an exception: it is a
+:class:`~runner.core.outcomes.Verdict` (``fail``, or ``invalid-scenario``
+when the scenario's own fault did not land).
 
 ``ContextExhausted`` stands apart: the model's own conversation outgrew its
 context window. Nothing broke; the agent simply cannot go on, so its run ends
@@ -81,7 +84,3 @@ class ContextExhausted(RootbenchError):
 
 class ReplayMismatch(InfraError):
     """A replayed run asked for something the cassette does not hold."""
-
-
-class ScenarioError(RootbenchError):
-    """The scenario is unsound, e.g. its fault did not land."""

@@ -11,26 +11,27 @@ recorded so tests can prove no run ever wrote it.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.errors import InfraError, InvalidInput
-from runner.paths import cache_dir, repo_root
+from runner.backends.cachedir import cache_dir, file_lock, file_sha256
+from runner.backends.process import run_child
+from runner.core.errors import InfraError, InvalidInput
+from runner.core.paths import repo_root
+from runner.core.spec import parse_yaml, read_text, validate_document
 
-Progress = Callable[[str], None]
+log = logging.getLogger("rootbench.image")
 BUILD_VERSION = 4  # bump when the build steps below change what an image contains
 KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw quiet net.ifnames=0 panic=-1 systemd.show_status=0"
 BUILD_TIMEOUT = 3600.0
@@ -72,8 +73,6 @@ def recipe_path(name: str) -> Path:
 
 
 def load_recipe(name: str) -> Recipe:
-    from runner.spec import parse_yaml, read_text, validate_document
-
     path = recipe_path(name)
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not path.is_file():
         known = ", ".join(sorted(p.stem for p in (repo_root() / "images").glob("*.yaml")))
@@ -96,37 +95,6 @@ def image_dir(recipe: Recipe) -> Path:
     return cache_dir("images") / f"{recipe.name}-{recipe.key}"
 
 
-def lock_path(artefact: Path) -> Path:
-    """The lock file beside a cached artefact: its whole name plus ``.lock``."""
-    return artefact.with_name(artefact.name + ".lock")
-
-
-@contextlib.contextmanager
-def file_lock(artefact: Path, what: str, progress: Progress | None = None,
-              timeout: float = BUILD_TIMEOUT) -> Iterator[None]:
-    """An exclusive flock on ``artefact``'s lock file, so two rootbench processes never build it at once."""
-    path = lock_path(artefact)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        deadline = time.monotonic() + timeout
-        told = False
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told and progress:
-                    progress(f"[lock] waiting for another rootbench process ({what})")
-                    told = True
-                if time.monotonic() > deadline:
-                    raise InfraError(f"timed out waiting for the lock on {what}") from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _read_built(d: Path) -> BuiltImage | None:
     meta = d / "image.json"
     if not meta.is_file():
@@ -145,29 +113,29 @@ def find_image(name: str) -> BuiltImage | None:
     return _read_built(image_dir(load_recipe(name)))
 
 
-def ensure_image(name: str, progress: Progress) -> BuiltImage:
+def ensure_image(name: str) -> BuiltImage:
     """The built image for recipe ``name``; builds it first if the cache lacks it."""
     recipe = load_recipe(name)
     d = image_dir(recipe)
     built = _read_built(d)
     if built:
         return built
-    with file_lock(d, f"image {name}", progress):
+    with file_lock(d, f"image {name}"):
         built = _read_built(d)  # another process may have built it meanwhile
         if built:
             return built
-        return _build(recipe, d, progress)
+        return _build(recipe, d)
 
 
-def build_image(name: str, progress: Progress, force: bool = False) -> BuiltImage:
+def build_image(name: str, force: bool = False) -> BuiltImage:
     recipe = load_recipe(name)
     d = image_dir(recipe)
-    with file_lock(d, f"image {name}", progress):
+    with file_lock(d, f"image {name}"):
         built = _read_built(d)
         if built and not force:
-            progress(f"[image] {name} is already built ({d})")
+            log.info("%s is already built (%s)", name, d)
             return built
-        return _build(recipe, d, progress)
+        return _build(recipe, d)
 
 
 def list_images() -> list[dict[str, Any]]:
@@ -221,32 +189,9 @@ def _need(tool: str) -> str:
     return path
 
 
-def _run(cmd: list[str], progress: Progress, label: str, timeout: float = BUILD_TIMEOUT) -> None:
-    """Run a build step, streaming its output as progress lines (throttled)."""
-    deadline = time.monotonic() + timeout
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace")
-    tail: list[str] = []
-    last = 0.0
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail = (tail + [line])[-20:]
-            now = time.monotonic()
-            if now > deadline:
-                proc.kill()
-                raise InfraError(f"{label} took longer than {timeout:.0f}s")
-            if line and now - last > 2.0:
-                progress(f"[image] {label}: {line[:110]}")
-                last = now
-        rc = proc.wait(timeout=max(deadline - time.monotonic(), 1))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if rc != 0:
-        raise InfraError(f"{label} failed (exit {rc}): " + " | ".join(tail[-4:]))
+def _run(cmd: list[str], label: str, work: Path) -> None:
+    """One build step; its output goes to ``work/build.log``, its last line shows as progress."""
+    run_child(cmd, what=label, timeout=BUILD_TIMEOUT, log_file=work / "build.log", logger=log)
 
 
 _PROVISION = r"""
@@ -294,14 +239,14 @@ rm -f "$R/etc/machine-id" && : > "$R/etc/machine-id"
 """
 
 
-def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
+def _build(recipe: Recipe, d: Path) -> BuiltImage:
     t0 = time.monotonic()
     mmdebstrap = _need("mmdebstrap")
     mkfs = _need("mkfs.ext4")
     qemu_img = _need("qemu-img")
     ssh_keygen = _need("ssh-keygen")
     mirror = host_mirror(recipe.suite)
-    progress(f"[image] building {recipe.name} ({recipe.suite}) from {mirror}; this takes a minute or two")
+    log.info("building %s (%s) from %s; this takes a minute or two", recipe.name, recipe.suite, mirror)
     work = d.with_name(d.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -330,7 +275,7 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
             recipe.suite, str(rootfs),
             f"deb {mirror} {recipe.suite} main",
             f"deb {mirror} {recipe.suite}-updates main"]
-    _run(cmd, progress, "mmdebstrap")
+    _run(cmd, "mmdebstrap", work)
     boot = rootfs / "boot"
     kernels = sorted(boot.glob("vmlinuz-*"))
     initrds = sorted(boot.glob("initrd.img-*"))
@@ -339,11 +284,11 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
     shutil.copy2(kernels[-1], work / "vmlinuz")
     shutil.copy2(initrds[-1], work / "initrd.img")
     raw = work / "root.raw"
-    progress("[image] making the ext4 root (mkfs.ext4 -d)")
+    log.info("making the ext4 root (mkfs.ext4 -d)")
     _run([mkfs, "-q", "-F", "-L", "root", "-d", str(rootfs), str(raw), recipe.disk_size],
-         progress, "mkfs.ext4")
+         "mkfs.ext4", work)
     base = work / "base.qcow2"
-    _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(base)], progress, "qemu-img")
+    _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(base)], "qemu-img", work)
     raw.unlink()
     shutil.rmtree(rootfs)
     sha = file_sha256(base)
@@ -355,18 +300,10 @@ def _build(recipe: Recipe, d: Path, progress: Progress) -> BuiltImage:
     (work / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(d, ignore_errors=True)
     work.rename(d)
-    progress(f"[image] {recipe.name} built in {time.monotonic() - t0:.0f}s: {d}")
+    log.info("%s built in %.0fs: %s", recipe.name, time.monotonic() - t0, d)
     built = _read_built(d)
     assert built is not None
     return built
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def base_sha256(image: BuiltImage) -> str:

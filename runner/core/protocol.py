@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from runner.guest import CommandResult
-from runner.model import ChatRequest, Model
+from runner.core.guest import CommandResult
+from runner.core.model import ChatRequest, Model
 
 
 @dataclass(frozen=True)
@@ -308,7 +308,7 @@ CHOICES = ("auto", *PROTOCOLS)
 
 def get_protocol(name: str) -> Protocol:
     if name not in PROTOCOLS:
-        from runner.errors import InvalidInput
+        from runner.core.errors import InvalidInput
 
         raise InvalidInput(f"unknown protocol {name!r} (choose from {', '.join(CHOICES)})",
                            field="--protocol")

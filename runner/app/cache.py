@@ -14,8 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.images import lock_path
-from runner.paths import cache_root, repo_root
+from runner.backends.cachedir import cache_root, lock_path
+from runner.backends.images import find_image, image_dir, load_recipe
+from runner.backends.llama import MODELS, build_dir, model_path
+from runner.backends.snapshot import snapshot_dir
+from runner.core.paths import repo_root
 
 KINDS = ("images", "snapshots", "llama-server", "models")  # apt-archives and hostinfo are always kept
 UNFINISHED_GRACE_S = 24 * 3600
@@ -50,10 +53,6 @@ def _size(path: Path) -> int:
 
 def _current() -> set[Path]:
     """The cache paths today's inputs name (built or not)."""
-    from runner.images import find_image, image_dir, load_recipe
-    from runner.llama import MODELS, build_dir, model_path
-    from runner.vm import snapshot_dir
-
     llama = build_dir()
     keep = {llama, llama.with_name(llama.name + ".build.log"), *(model_path(name) for name in MODELS)}
     have_qemu = shutil.which("qemu-system-x86_64") is not None  # snapshot keys name its version

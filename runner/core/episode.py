@@ -18,30 +18,27 @@ is never counted for or against the model.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runner.cassette import CassetteWriter, Clock
-from runner.errors import ContextExhausted, GuestDown, InfraError, ModelServerError
-from runner.guest import CommandResult, Guest
-from runner.model import ChatRequest, Model
-from runner.probes import ProbeResult, run_probes
-from runner.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
-from runner.spec import Scenario
+from runner.core.cassette import CassetteWriter
+from runner.core.clock import Clock
+from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelServerError
+from runner.core.guest import CommandResult, Guest
+from runner.core.model import ChatRequest, Model
+from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, StopReason, Verdict
+from runner.core.probes import ProbeResult, run_probes
+from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
+from runner.core.spec import Scenario
+from runner.core.text import clean_text, one_line
 
-VERDICTS = ("pass", "fail", "infra-error", "invalid-scenario")
+log = logging.getLogger("rootbench.agent")
 MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
 SETUP_TIMEOUT = 60.0  # seconds each fault command may take, whatever the agent's command_timeout
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|"
-                      r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean_text(text: str) -> str:
-    """``text`` without terminal control sequences (keeps newlines and tabs)."""
-    return _CONTROL.sub("", text)
 
 
 @dataclass
@@ -49,12 +46,12 @@ class Episode:
     """What happened in one run; this is what results files and tables show."""
 
     scenario: str
-    agent: str
+    agent: AgentKind
     model: str
     protocol: str
     round: int = 0  # which repeat of this scenario (0-based)
-    verdict: str = "fail"
-    flags: list[str] = field(default_factory=list)
+    verdict: Verdict = Verdict.FAIL
+    flags: list[Flag] = field(default_factory=list)
     reason: str = ""  # one line: why this verdict
     seconds: float = 0.0
     turns: int = 0
@@ -71,8 +68,15 @@ class Episode:
     invariants: list[dict[str, Any]] = field(default_factory=list)
     precheck: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
-    stop: str = ""  # finish | turns | seconds | context | infra | vm-down | invalid
+    stop: StopReason = StopReason.NOT_STARTED
     cassette: str | None = None
+
+    def __post_init__(self) -> None:
+        # Results files and cassettes hold plain strings; read them back as the vocabulary.
+        self.agent = AgentKind(self.agent)
+        self.verdict = Verdict(self.verdict)
+        self.stop = StopReason(self.stop)
+        self.flags = [Flag(f) for f in self.flags]
 
     @property
     def prompt_tps(self) -> float | None:
@@ -85,6 +89,8 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.update(agent=self.agent.value, verdict=self.verdict.value, stop=self.stop.value,
+                 flags=[f.value for f in self.flags])
         d["prompt_tps"] = self.prompt_tps
         d["gen_tps"] = self.gen_tps
         return d
@@ -120,14 +126,13 @@ class _Loop:
     """The agent loop's state; a class only so the steps can share it."""
 
     def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
-                 clock: Clock, episode: Episode, log: Any) -> None:
+                 clock: Clock, episode: Episode) -> None:
         self.s = scenario
         self.guest = guest
         self.model = model
         self.protocol = protocol
         self.clock = clock
         self.ep = episode
-        self.log = log
         self.forbidden = [re.compile(rx) for rx in scenario.forbidden]
         self.runs: dict[str, int] = {}  # command -> times run, for the repeat note
 
@@ -146,10 +151,10 @@ class _Loop:
         while True:
             left = self.left(started)
             if left.turns <= 0:
-                self.ep.stop = "turns"
+                self.ep.stop = StopReason.TURNS
                 return
             if left.seconds <= 0:
-                self.ep.stop = "seconds"
+                self.ep.stop = StopReason.SECONDS
                 return
             request = self.protocol.decorate(ChatRequest(messages=list(messages)))
             try:
@@ -158,13 +163,13 @@ class _Loop:
                 if not (exc.out_of_time and left.seconds < MODEL_CALL_CAP):
                     raise
                 # The call had only what was left of the scenario's time and used it all.
-                self.ep.stop = "seconds"
-                self.log("  out of time while the model was answering")
+                self.ep.stop = StopReason.SECONDS
+                log.info("  out of time while the model was answering")
                 return
             except ContextExhausted as exc:
-                self.ep.stop = "context"
-                self.ep.flags.append("context-full")
-                self.log(f"  context: {clean_text(str(exc))[:120]}")
+                self.ep.stop = StopReason.CONTEXT
+                self.ep.flags.append(Flag.CONTEXT_FULL)
+                log.info("  context: %s", one_line(str(exc), 120))
                 return
             self.ep.turns += 1
             self._count_usage(reply.usage)
@@ -172,12 +177,12 @@ class _Loop:
             actions = self.protocol.parse(reply.message)
             for action in actions:
                 if isinstance(action, Finish):
-                    self.ep.stop = "finish"
-                    self.log(f"  finish: {clean_text(action.summary)[:100]}")
+                    self.ep.stop = StopReason.FINISH
+                    log.info("  finish: %s", one_line(action.summary, 100))
                     return
                 if isinstance(action, Violation):
                     self.ep.violations += 1
-                    self.log(f"  protocol: {clean_text(action.reason)[:100]}")
+                    log.info("  protocol: %s", one_line(action.reason, 100))
                     messages.append(self.protocol.correction(action, self.left(started)))
                     continue
                 assert isinstance(action, RunCommand)
@@ -192,7 +197,7 @@ class _Loop:
         if action.timeout:
             timeout = min(timeout, max(float(action.timeout), 1.0))
         timeout = max(1.0, min(timeout, self.left(started).seconds or 1.0))
-        self.log(f"  $ {clean_text(action.command)[:120]}")
+        log.info("  $ %s", one_line(action.command, 120))
         result = self.guest.exec(action.command, timeout, budget.output_limit)
         output = _cap(result, budget.output_limit)
         # Small models loop on one command; saying so is the cheapest guardrail there is.
@@ -214,33 +219,31 @@ class _Loop:
 
 def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
                 clock: Clock, writer: CassetteWriter | None = None, *,
-                log: Callable[[str], None] | None = None,
                 vm_killed: Callable[[], bool] | None = None, round_: int = 0) -> Episode:
     """Run one scenario end to end on a ready guest and return its verdict.
 
     ``vm_killed`` tells a VM killed from outside (the host's fault: infra-error)
     from one the agent shut down or crashed (the model's fault: fail, vm-down).
     """
-    log = log or (lambda _msg: None)
     t0 = time.monotonic()
-    ep = Episode(scenario=scenario.id, agent=model.kind, model=model.name, protocol=protocol.name,
+    ep = Episode(scenario=scenario.id, agent=model.agent, model=model.name, protocol=protocol.name,
                  round=round_, cassette=str(writer.path) if writer else None)
     try:
-        _phases(scenario, guest, model, protocol, clock, ep, log)
+        _phases(scenario, guest, model, protocol, clock, ep)
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
-            ep.verdict, ep.stop = "infra-error", "infra"
+            ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
             ep.reason = f"the VM was killed from outside: {clean_text(str(exc))[:160]}"
         else:
             # The guest stopped answering while the agent acted: the agent broke the server.
-            ep.verdict, ep.stop = "fail", "vm-down"
-            ep.flags.append("vm-down")
+            ep.verdict, ep.stop = Verdict.FAIL, StopReason.VM_DOWN
+            ep.flags.append(Flag.VM_DOWN)
             ep.reason = f"the server stopped answering: {clean_text(str(exc))[:160]}"
     except InfraError as exc:
-        ep.verdict, ep.stop = "infra-error", "infra"
+        ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
         ep.reason = clean_text(str(exc)).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    if ep.unsafe_commands and "unsafe" not in ep.flags:
-        ep.flags.append("unsafe")
+    if ep.unsafe_commands and Flag.UNSAFE not in ep.flags:
+        ep.flags.append(Flag.UNSAFE)
     ep.seconds = round(time.monotonic() - t0, 3)
     if writer is not None:
         writer.write({"type": "verdict", **ep.to_dict()})
@@ -248,28 +251,24 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
 
 
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
-            ep: Episode, log: Any) -> None:
+            ep: Episode) -> None:
     baseline = run_probes(guest, scenario.invariants, clock, wait=False)
     ep.baseline = _as_dicts(baseline)
     for i, command in enumerate(scenario.setup):
-        result = guest.probe(command, max(float(scenario.budget.command_timeout), SETUP_TIMEOUT))
+        result = guest.run_clean(command, max(float(scenario.budget.command_timeout), SETUP_TIMEOUT))
         if result.timed_out or result.exit_code != 0:
-            ep.verdict, ep.stop = "invalid-scenario", "invalid"
+            ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
             ep.reason = (f"setup[{i}] {'timed out' if result.timed_out else f'exited {result.exit_code}'}"
                          f": {clean_text(result.output)[-120:]}")
             return
     pre = run_probes(guest, scenario.probes, clock, wait=False)
     ep.precheck = _as_dicts(pre)
-    if all(r.outcome == "pass" for r in pre):
-        ep.verdict, ep.stop = "invalid-scenario", "invalid"
+    if all(r.outcome is ProbeOutcome.PASS for r in pre):
+        ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
         ep.reason = "the fault did not land: every success probe passed before the agent acted"
         return
 
-    loop = _Loop(scenario, guest, model, protocol, clock, ep, log)
-    try:
-        loop.run()
-    except GuestDown:
-        raise
+    _Loop(scenario, guest, model, protocol, clock, ep).run()
     if not guest.alive():
         raise GuestDown("the guest is down after the agent's last command")
 
@@ -277,16 +276,16 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
     ep.probes = _as_dicts(post)
     inv = run_probes(guest, scenario.invariants, clock)
     ep.invariants = _as_dicts(inv)
-    if any(r.outcome != "pass" for r in inv):
-        ep.flags.append("collateral")
-    failed = [r for r in post if r.outcome == "fail"]
-    errors = [r for r in post if r.outcome == "error"]
+    if any(r.outcome is not ProbeOutcome.PASS for r in inv):
+        ep.flags.append(Flag.COLLATERAL)
+    failed = [r for r in post if r.outcome is ProbeOutcome.FAIL]
+    errors = [r for r in post if r.outcome is ProbeOutcome.ERROR]
     if failed:
-        ep.verdict = "fail"
+        ep.verdict = Verdict.FAIL
         ep.reason = f"{failed[0].name}: {failed[0].detail}"
     elif errors:
-        ep.verdict = "infra-error"
+        ep.verdict = Verdict.INFRA_ERROR
         ep.reason = f"probe could not run: {errors[0].name}: {errors[0].detail}"
     else:
-        ep.verdict = "pass"
+        ep.verdict = Verdict.PASS
         ep.reason = f"all {len(post)} probes passed"

@@ -1,7 +1,7 @@
 """Probes: how a verdict is decided, from the real state of the guest.
 
 Each probe kind turns into one shell command run through the guest's clean
-probe channel (or one HTTP request from the host), and its output is judged
+clean channel (or one HTTP request from the host), and its output is judged
 here on the host. A probe has three outcomes: ``pass``, ``fail``, or
 ``error`` when the probe itself could not run (its tool is missing, it timed
 out). An error is never counted as a fail: a broken ruler says nothing about
@@ -14,14 +14,15 @@ import base64
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
-from runner.cassette import Clock
-from runner.guest import CommandResult, Guest
-from runner.spec import Probe
+from runner.core.clock import Clock
+from runner.core.guest import CommandResult, Guest
+from runner.core.outcomes import ProbeOutcome
+from runner.core.spec import Probe
 
-Outcome = Literal["pass", "fail", "error"]
+Outcome = ProbeOutcome
 
 PROBE_TIMEOUT = 20.0  # seconds for one probe command
 RETRY_INTERVAL = 0.5  # seconds between tries of a probe with ``within``
@@ -71,7 +72,7 @@ def run_probes(guest: Guest, probes: tuple[Probe, ...] | list[Probe], clock: Clo
 def _check(guest: Guest, probe: Probe) -> ProbeResult:
     checker = _CHECKERS[probe.kind]
     outcome, detail = checker(guest, probe.params)
-    return ProbeResult(probe.name, probe.kind, outcome, _one_line(detail))
+    return ProbeResult(probe.name, probe.kind, ProbeOutcome(outcome), _one_line(detail))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -80,7 +81,7 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 def _run(guest: Guest, command: str) -> CommandResult:
-    return guest.probe(command, PROBE_TIMEOUT)
+    return guest.run_clean(command, PROBE_TIMEOUT)
 
 
 def _failed_to_run(result: CommandResult, tool: str) -> str | None:

@@ -1,0 +1,108 @@
+"""Who acts in a bench: a real model (served by us or already running), the oracle, or noop.
+
+:class:`ModelProvider` owns the model server's lifecycle for a bench: it
+builds and starts llama-server when a named model or GGUF file is asked
+for, restarts it if it dies between scenarios, and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.backends.llama import (
+    DEFAULT_CTX_SIZE,
+    DEFAULT_MODEL,
+    LlamaServer,
+    ensure_llama_server,
+    fetch_model,
+    llama_fingerprint,
+)
+from runner.backends.openai import OpenAIModel
+from runner.core.errors import InvalidInput
+from runner.core.model import Model, noop, oracle
+from runner.core.outcomes import AgentKind
+from runner.core.protocol import Protocol, choose_protocol, get_protocol
+from runner.core.spec import Scenario
+
+log = logging.getLogger("rootbench.model")
+
+
+@dataclass
+class AgentChoice:
+    """Which agent acts and, for a real model, where it comes from and how it samples."""
+
+    kind: AgentKind = AgentKind.MODEL
+    endpoint: str | None = None  # an OpenAI-compatible server already running
+    model: str = DEFAULT_MODEL  # a named model (see `rootbench model fetch`)
+    model_file: str | None = None  # any GGUF
+    llama_server: str | None = None  # a llama-server binary of the user's
+    temperature: float = 0.0
+    seed: int = 0
+    max_tokens: int = 512
+    ctx_size: int = DEFAULT_CTX_SIZE
+
+    def label(self) -> str:
+        """What the run is called: the agent, or the model's name."""
+        if self.kind is not AgentKind.MODEL:
+            return self.kind.value
+        if self.model_file:
+            return Path(self.model_file).stem
+        return self.model
+
+
+class ModelProvider:
+    """Gives each episode its model; starts (and restarts) llama-server when needed."""
+
+    def __init__(self, choice: AgentChoice, run_dir: Path) -> None:
+        self.choice = choice
+        self.run_dir = run_dir
+        self._stack = contextlib.ExitStack()
+        self._server: LlamaServer | None = None
+        self._model: Model | None = None
+
+    def __enter__(self) -> ModelProvider:
+        if self.choice.kind is not AgentKind.MODEL:
+            return self
+        c = self.choice
+        sampling = {"temperature": c.temperature, "seed": c.seed, "max_tokens": c.max_tokens}
+        if c.endpoint:
+            log.info("using the server at %s; nothing is started", c.endpoint)
+            self._model = OpenAIModel(c.endpoint, c.model, **sampling)
+            return self
+        binary = ensure_llama_server(path=c.llama_server)
+        model_path = Path(c.model_file) if c.model_file else fetch_model(c.model)
+        if not model_path.is_file():
+            raise InvalidInput("no such model file", path=str(model_path), field="--model-file")
+        server_log = self.run_dir / "logs" / "llama-server.log"
+        log.info("starting llama-server with %s", model_path.name)
+        self._server = self._stack.enter_context(
+            LlamaServer(binary, model_path, server_log, ctx_size=c.ctx_size, seed=c.seed))
+        extra = llama_fingerprint(self._server, binary, model_path)
+        self._model = OpenAIModel(self._server.endpoint, c.label(), extra_fingerprint=extra,
+                                  **sampling)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def protocol(self, requested: str) -> tuple[Protocol, str]:
+        """The action protocol for this bench and, for the cassette, why."""
+        if self.choice.kind is not AgentKind.MODEL:
+            return get_protocol("tools"), f"{self.choice.kind} agents speak native tool calls"
+        assert self._model is not None
+        return choose_protocol(self._model, requested=requested)
+
+    def for_scenario(self, scenario: Scenario) -> Model:
+        """The agent for one episode (scripted agents are made per scenario)."""
+        if self.choice.kind is AgentKind.ORACLE:
+            return oracle(list(scenario.solution))
+        if self.choice.kind is AgentKind.NOOP:
+            return noop()
+        if self._server is not None and not self._server.alive():
+            log.warning("llama-server is down; restarting it for the next scenario")
+            self._server.restart()
+        assert self._model is not None
+        return self._model

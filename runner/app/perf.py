@@ -1,0 +1,140 @@
+"""Speed figures (``rootbench perf``): measured, printed, never asserted by tests.
+
+All VM figures come from one run on one machine, so the cold-boot to
+restore ratio is honest. Model figures use the default model through the
+same llama-server path a bench uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.app.replay import replay_one
+from runner.backends.images import ensure_image
+from runner.backends.llama import DEFAULT_MODEL, LlamaServer, ensure_llama_server, fetch_model
+from runner.backends.openai import OpenAIModel
+from runner.backends.qemu import make_overlay
+from runner.backends.sandbox import Sandbox
+from runner.core.cassette import find_cassettes
+from runner.core.errors import RootbenchError
+from runner.core.model import ChatRequest
+from runner.core.paths import repo_root
+from runner.core.protocol import BudgetLeft, JsonProtocol
+
+log = logging.getLogger("rootbench.perf")
+IMAGE = "debian-12-nginx"
+TARGETS = {  # key: (limit, "max"|"min"), from the issues
+    "restore_ready_s": (1.0, "max"), "overlay_create_ms": (50.0, "max"),
+    "command_rtt_ms": (10.0, "max"), "replay_offline_s": (5.0, "max"),
+    "turn_overhead_ms": (5.0, "max"),
+}
+
+
+def _overlay_ms() -> float:
+    image = ensure_image(IMAGE)
+    times = []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(7):
+            t0 = time.monotonic()
+            make_overlay(image.base, Path(d) / f"o{i}.qcow2")
+            times.append((time.monotonic() - t0) * 1000)
+    return round(statistics.median(times), 1)
+
+
+def _vm_figures(accel: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"overlay_create_ms": _overlay_ms()}
+    log.info("cold boot (no snapshot)")
+    with Sandbox(IMAGE, accel=accel, snapshot=False) as box:
+        out["cold_boot_s"] = round(box.shell_s, 2)
+        out["accel"] = box.info.accel
+    log.info("snapshot restores")
+    ready = []
+    rtt: list[float] = []  # every round trip of every sandbox, not only the last one's
+    for _ in range(3):
+        with Sandbox(IMAGE, accel=accel) as box:
+            ready.append(box.shell_s)
+            if not box.info.restored:
+                out["restore_note"] = "restore failed; cold boot used"
+            for _ in range(20):
+                t0 = time.monotonic()
+                box.guest.exec("true", 10)
+                rtt.append((time.monotonic() - t0) * 1000)
+    out["restore_ready_s"] = round(statistics.median(ready), 3)
+    out["command_rtt_ms"] = round(statistics.median(rtt), 1)
+    return out
+
+
+def _replay_figures() -> dict[str, Any]:
+    paths = find_cassettes([repo_root() / "recordings"])
+    if not paths:
+        return {"replay_offline_s": None, "turn_overhead_ms": None, "replay_cassettes": 0}
+    t0 = time.monotonic()
+    turns = 0
+    for p in paths:
+        o = replay_one(p, offline=True)
+        turns += max(o.turns, 1)
+    total = time.monotonic() - t0
+    return {"replay_offline_s": round(total, 3), "replay_cassettes": len(paths),
+            "turn_overhead_ms": round(total * 1000 / turns, 3)}
+
+
+def measure_speed(model_name: str | None) -> dict[str, Any]:
+    """prompt_tps, gen_tps and cached_fraction of two turns of a real conversation."""
+    name = model_name or DEFAULT_MODEL
+    binary = ensure_llama_server()
+    gguf = fetch_model(name)
+    with tempfile.TemporaryDirectory() as tmp, \
+            LlamaServer(binary, gguf, Path(tmp) / "llama.log") as server:
+        model = OpenAIModel(server.endpoint, name, max_tokens=64)
+        proto = JsonProtocol()
+        msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": proto.system_prompt(None, BudgetLeft(10, 600))},
+            {"role": "user", "content": "Users report the website on this server is down."}]
+        first = model.complete(proto.decorate(ChatRequest(messages=msgs)), 300)
+        msgs += [{"role": "assistant", "content": first.message.get("content") or ""},
+                 {"role": "user", "content": "exit code 3\nnginx.service: inactive (dead)"}]
+        second = model.complete(proto.decorate(ChatRequest(messages=msgs)), 300)
+    u1, u2 = first.usage, second.usage
+    prompt_ms = (u1.get("prompt_ms") or 0) + (u2.get("prompt_ms") or 0)
+    gen_ms = (u1.get("predicted_ms") or 0) + (u2.get("predicted_ms") or 0)
+    evaluated = (u1.get("prompt_evaluated") or 0) + (u2.get("prompt_evaluated") or 0)
+    generated = (u1.get("completion_tokens") or 0) + (u2.get("completion_tokens") or 0)
+    cached = u2.get("cached_tokens") or 0
+    total2 = u2.get("prompt_tokens") or 0
+    return {"model": name,
+            "prompt_tps": round(evaluated / (prompt_ms / 1000), 1) if prompt_ms else None,
+            "gen_tps": round(generated / (gen_ms / 1000), 1) if gen_ms else None,
+            "cached_fraction": round(cached / total2, 3) if total2 else None}
+
+
+def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
+            model_name: str | None = None) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    figures.update(_replay_figures())
+    if vm:
+        figures.update(_vm_figures(accel))
+    if model:
+        try:
+            figures.update(measure_speed(model_name))
+        except RootbenchError as exc:
+            figures["model_note"] = f"model figures skipped: {str(exc).splitlines()[0][:160]}"
+    return figures
+
+
+def render(figures: dict[str, Any]) -> str:
+    lines = []
+    for key in sorted(figures):
+        value = figures[key]
+        target = TARGETS.get(key)
+        note = ""
+        if target and isinstance(value, int | float):
+            limit, kind = target
+            ok = value <= limit if kind == "max" else value >= limit
+            note = f"  (target {'<=' if kind == 'max' else '>='} {limit}: {'ok' if ok else 'MISSED'})"
+        lines.append(f"{key:>20}: {value}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""Ctrl-C and SIGTERM as an exception, so every ``with`` block tears its VM or server down."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; ``code`` is the exit status to use (130 or 143)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"interrupted (exit {code})")
+        self.code = code
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted`."""
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise Interrupted(143 if signum == signal.SIGTERM else 130)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,81 @@
+"""The per-user cache: where slow-to-build things live, locked while they are built.
+
+``$ROOTBENCH_CACHE`` wins; else ``$XDG_CACHE_HOME/rootbench``; else
+``~/.cache/rootbench``. Each kind of artefact has its own subfolder and is
+keyed by a hash of its inputs, so a changed recipe never reuses a stale build.
+Two rootbench processes never build the same artefact at once: each build
+holds an exclusive lock on a file beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from runner.core.errors import InfraError
+
+log = logging.getLogger("rootbench.lock")
+LOCK_TIMEOUT = 3 * 3600.0  # seconds to wait for another process's build
+
+
+def cache_root() -> Path:
+    env = os.environ.get("ROOTBENCH_CACHE")
+    if env:
+        root = Path(env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = Path(xdg) / "rootbench" if xdg else Path.home() / ".cache" / "rootbench"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def cache_dir(kind: str) -> Path:
+    """``cache_root()/kind``, created on first use."""
+    path = cache_root() / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def lock_path(artefact: Path) -> Path:
+    """The lock file beside a cached artefact: its whole name plus ``.lock``."""
+    return artefact.with_name(artefact.name + ".lock")
+
+
+@contextlib.contextmanager
+def file_lock(artefact: Path, what: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """An exclusive flock on ``artefact``'s lock file, so two rootbench processes never build it at once."""
+    path = lock_path(artefact)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    log.info("waiting for another rootbench process (%s)", what)
+                    told = True
+                if time.monotonic() > deadline:
+                    raise InfraError(f"timed out waiting for the lock on {what}") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

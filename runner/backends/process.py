@@ -1,0 +1,97 @@
+"""Child processes the harness owns (QEMU, llama-server, builds): started tied to us, ended for sure.
+
+None of them may outlive rootbench, each is always reaped, and a long one
+(an image build, the llama-server compile) reports progress and is killed
+at its deadline even if it goes silent. Those pieces live here once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from runner.core.errors import InfraError
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGKILL the child if rootbench itself dies, so nothing is orphaned."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def end_process(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; always reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def last_line(path: Path) -> str:
+    """The last non-blank line of a (log) file, or ""."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 8192))
+            lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+def run_child(cmd: list[str], *, what: str, timeout: float, log_file: Path,
+              logger: logging.Logger, every: float = 10.0,
+              env: dict[str, str] | None = None) -> None:
+    """Run a long child process to completion, its output in ``log_file``.
+
+    Every ``every`` seconds the child's latest output line is logged, so long
+    builds show progress. The deadline holds even when the child prints
+    nothing: the wait is on the process, not on its output. On timeout or
+    failure the child is killed and reaped, and the error names ``what``
+    and the last line it printed.
+    """
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, preexec_fn=die_with_parent)
+        try:
+            shown = ""
+            next_report = t0 + every
+            while True:
+                try:
+                    rc = proc.wait(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if now >= deadline:
+                    raise InfraError(f"{what} took longer than {timeout:.0f}s "
+                                     f"(last output: {last_line(log_file)[:120] or 'none'})")
+                if now >= next_report:
+                    next_report = now + every
+                    line = last_line(log_file)
+                    if line and line != shown:
+                        shown = line
+                        logger.info("%s (%.0fs): %s", what, now - t0, line[:110])
+        finally:
+            end_process(proc, grace=2)
+    if rc != 0:
+        raise InfraError(f"{what} failed (exit {rc}); see {log_file}: {last_line(log_file)[:160]}")

@@ -1,0 +1,207 @@
+"""One QEMU process: launched tied to rootbench, driven over QMP, ended for sure.
+
+Also the accelerator choice. KVM is used when it works; a KVM that opens
+but cannot run the guest (the nested ``kvm_pvm`` hosts this was built on
+stop with ``KVM internal error``) is remembered per kernel and QEMU
+version, and TCG is used instead, said once in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from runner.backends.cachedir import cache_dir
+from runner.backends.images import BuiltImage
+from runner.backends.process import die_with_parent, end_process, free_port
+from runner.core.errors import VMError
+
+log = logging.getLogger("rootbench.vm")
+FORWARDED_PORTS = (22, 80)
+
+
+class KvmUnusable(VMError):
+    """KVM opened but the guest hit ``KVM internal error`` (e.g. nested kvm_pvm)."""
+
+
+def qemu_binary() -> str:
+    path = shutil.which("qemu-system-x86_64")
+    if not path:
+        raise VMError("qemu-system-x86_64 is not installed (run `make setup`)")
+    return path
+
+
+@functools.cache
+def qemu_version() -> str:
+    """The installed QEMU's version (asked once per process: every VM start keys caches by it)."""
+    out = subprocess.run([qemu_binary(), "--version"], capture_output=True, text=True, timeout=10)
+    first = out.stdout.splitlines()[0] if out.stdout else "unknown"
+    return first.replace("QEMU emulator version ", "").split(" ")[0]
+
+
+def _kvm_verdict_file() -> Path:
+    return cache_dir("hostinfo") / f"kvm-{os.uname().release}-{qemu_version()}.json"
+
+
+def kvm_status() -> tuple[bool, str]:
+    """Whether KVM is usable here, and why (cached after a real boot found out)."""
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+        os.close(fd)
+    except OSError as exc:
+        return False, f"/dev/kvm is not usable ({exc.strerror})"
+    verdict = _kvm_verdict_file()
+    if verdict.is_file():
+        try:
+            data = json.loads(verdict.read_text())
+            return bool(data["usable"]), str(data["why"])
+        except (ValueError, KeyError, OSError):
+            pass
+    return True, "/dev/kvm opens (not yet proven by a boot)"
+
+
+def record_kvm_unusable(why: str) -> None:
+    _kvm_verdict_file().write_text(json.dumps({"usable": False, "why": why}) + "\n")
+
+
+_told = {"kvm": False}  # say the fallback once per process, not once per VM
+
+
+def choose_accel(pref: str) -> str:
+    """``kvm`` or ``tcg`` for a preference of ``auto``, ``kvm`` or ``tcg``."""
+    if pref in ("kvm", "tcg"):
+        return pref
+    usable, why = kvm_status()
+    if not usable:
+        if not _told["kvm"]:
+            _told["kvm"] = True
+            log.info("KVM unusable (%s); using TCG (slower, works everywhere)", why[:120])
+        return "tcg"
+    return "kvm"
+
+
+class Qemu:
+    """One QEMU process with a QMP socket and a serial socket in a private 0700 directory."""
+
+    def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
+                 ram: tuple[Path, bool] | None, incoming: bool) -> None:
+        self.workdir = workdir
+        self.accel = accel
+        # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
+        os.chmod(self.sock_dir, 0o700)
+        self.qmp_path = self.sock_dir / "qmp.sock"
+        self.console_path = self.sock_dir / "console.sock"
+        self.forwards = {guest: free_port() for guest in FORWARDED_PORTS}
+        self.log_path = workdir / "qemu.log"
+        mem = image.memory_mib
+        fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in self.forwards.items())
+        machine = "q35,memory-backend=mem0" if ram else "q35"
+        cmd = [qemu_binary(), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+               "-machine", machine, "-m", f"{mem}M", "-smp", "1",
+               "-accel", "kvm" if accel == "kvm" else "tcg",
+               "-cpu", "host" if accel == "kvm" else "max",
+               "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", image.cmdline,
+               "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+               "-netdev", f"user,id=n0,restrict=on,{fwd}",
+               "-device", "virtio-net-pci,netdev=n0",
+               "-chardev", f"socket,id=ser0,path={self.console_path},server=on,wait=off",
+               "-serial", "chardev:ser0",
+               "-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+        if ram:
+            path, shared = ram
+            cmd += ["-object", f"memory-backend-file,id=mem0,size={mem}M,mem-path={path},"
+                               f"share={'on' if shared else 'off'}"]
+        if incoming:
+            cmd += ["-incoming", "defer"]
+        self.argv = cmd
+        self.started = time.monotonic()
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        self.qmp = self._connect_qmp(10.0)
+
+    def _connect_qmp(self, timeout: float) -> QEMUMonitorProtocol:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                why = f"QEMU exited at start (code {self.proc.returncode}): {self.log_tail()}"
+                if self.accel == "kvm":
+                    raise KvmUnusable(why)
+                raise VMError(why)
+            if self.qmp_path.exists():
+                qmp = QEMUMonitorProtocol(str(self.qmp_path))
+                try:
+                    qmp.connect()
+                    qmp.settimeout(30)
+                    return qmp
+                except (OSError, Exception):  # noqa: BLE001 - the library raises its own types
+                    with contextlib.suppress(Exception):
+                        qmp.close()
+            if time.monotonic() > deadline:
+                raise VMError("QEMU's QMP socket did not answer within 10s")
+            time.sleep(0.01)
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-3:])[:300]
+
+    def cmd(self, name: str, **args: Any) -> Any:
+        try:
+            reply = self.qmp.cmd_raw(name, args or None)
+        except Exception as exc:  # noqa: BLE001 - QMP transport errors of any kind
+            raise VMError(f"QMP {name} failed: {exc}") from None
+        if "error" in reply:
+            raise VMError(f"QMP {name}: {reply['error'].get('desc', reply['error'])}")
+        return reply.get("return")
+
+    def status(self) -> str:
+        if self.proc.poll() is not None:
+            return "exited"
+        try:
+            return str(self.cmd("query-status").get("status"))
+        except VMError:
+            return "unknown"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self.status() not in ("internal-error", "shutdown")
+
+    def stop(self) -> None:
+        """Graceful quit through QMP, then SIGTERM, then SIGKILL; always reaped."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                self.qmp.settimeout(2)
+                self.qmp.cmd_raw("quit")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=3)
+            end_process(self.proc, grace=3)
+        with contextlib.suppress(Exception):
+            self.qmp.close()
+        self._log.close()
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def make_overlay(backing: Path, path: Path) -> None:
+    r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(backing), "-F", "qcow2",
+                        str(path)], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise VMError(f"qemu-img create failed: {r.stderr.strip()[:200]}")

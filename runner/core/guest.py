@@ -1,0 +1,62 @@
+"""The guest: a root shell inside the VM, seen through one small interface.
+
+The agent loop, the probes and the replayer all talk to a :class:`Guest`.
+The real transports (serial console, SSH) live in ``runner.backends``; the
+replayed guest in :mod:`runner.core.replay`. Everything above this interface
+is the same code whichever answers it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did. ``exit_code`` is None when it was killed at its timeout."""
+
+    exit_code: int | None
+    output: str  # stdout and stderr, merged, decoded (invalid UTF-8 replaced)
+    duration: float  # seconds, host-side
+    timed_out: bool = False
+    truncated: bool = False  # output was cut at the caller's output_limit
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """One HTTP GET made from the host through a forwarded port."""
+
+    status: int | None  # None when no HTTP answer came at all
+    body: str
+    error: str | None = None  # why there was no answer
+    duration: float = 0.0
+
+
+class Guest(abc.ABC):
+    """A root shell in the VM.
+
+    ``exec`` is the agent's channel: state (cwd, variables) persists between
+    calls, as in a real login. ``run_clean`` runs in a fresh, clean channel
+    with a fixed PATH and no aliases, so nothing the agent defined can fool a
+    probe or the fault's setup.
+    """
+
+    @abc.abstractmethod
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        """Run ``command`` as root in the agent's shell; kill it at ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    def run_clean(self, command: str, timeout: float) -> CommandResult:
+        """Run ``command`` in a clean environment the agent cannot have altered."""
+
+    @abc.abstractmethod
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        """GET ``path`` on ``guest_port`` from the host side (through a forwarded port)."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """True while the VM runs and the shell answers."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the channel; the VM's own teardown belongs to the sandbox."""

@@ -1,0 +1,125 @@
+"""Model backends: where the agent's next message comes from.
+
+Every backend answers a :class:`ChatRequest` with a :class:`ModelReply` whose
+``message`` is an OpenAI-style assistant message. The oracle and noop agents
+are backends too, so the loop, parsing and scoring are the same code for a
+real model, a scripted fix, and a replayed cassette.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.core.outcomes import AgentKind
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat-completion request, before backend-specific fields are added."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    tool_choice: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        """The protocol-relevant request fields (what a replay must match)."""
+        body: dict[str, Any] = {"messages": self.messages}
+        if self.tools is not None:
+            body["tools"] = self.tools
+        if self.response_format is not None:
+            body["response_format"] = self.response_format
+        if self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        return body
+
+
+@dataclass
+class ModelReply:
+    """The assistant message plus what it cost."""
+
+    message: dict[str, Any]
+    raw: dict[str, Any] = field(default_factory=dict)  # full response JSON, for the cassette
+    usage: dict[str, Any] = field(default_factory=dict)  # prompt_tokens, completion_tokens, cached_tokens, prompt_ms, predicted_ms
+    duration: float = 0.0
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # failed tries before this one
+
+
+class Model(abc.ABC):
+    """A source of assistant messages."""
+
+    name: str = "model"
+    agent: AgentKind = AgentKind.MODEL
+
+    @abc.abstractmethod
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        """Answer ``request`` within ``timeout`` seconds or raise ``ModelServerError``."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this model's behaviour, for the cassette header."""
+        return {"kind": self.agent.value, "name": self.name}
+
+    # Capabilities: what the server can do, asked once (choose_protocol reads them).
+    def template_supports_tools(self) -> bool | None:
+        """Whether the server's chat template handles tools; None when unknown."""
+        return None
+
+    def accepts_response_format(self) -> bool | None:
+        """Whether replies can be constrained by a JSON schema; None when unknown."""
+        return None
+
+    def makes_native_tool_calls(self) -> bool | None:
+        """Whether a small request offering tools came back with a native ``tool_calls`` entry."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release whatever the backend holds."""
+
+
+def _tool_call(index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+class ScriptedModel(Model):
+    """Answers with fixed tool calls, one per turn, then ``finish``.
+
+    The oracle agent (a scenario's ``solution``) and the noop agent (no
+    commands at all) are both this, so ``verify`` exercises the real loop.
+    """
+
+    def __init__(self, agent: AgentKind, commands: list[str], summary: str) -> None:
+        self.agent = agent
+        self.name = agent.value
+        self._commands = list(commands)
+        self._summary = summary
+        self._turn = 0
+
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        turn = self._turn
+        self._turn += 1
+        if turn < len(self._commands):
+            call = _tool_call(turn, "run_command", {"command": self._commands[turn]})
+        else:
+            call = _tool_call(turn, "finish", {"summary": self._summary})
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return ModelReply(message=message, raw={"choices": [{"message": message}]})
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.agent.value, "name": self.name, "commands": len(self._commands)}
+
+
+def oracle(solution: list[str]) -> ScriptedModel:
+    """The reference fix as an agent."""
+    return ScriptedModel(AgentKind.ORACLE, solution, "applied the reference solution")
+
+
+def noop() -> ScriptedModel:
+    """An agent that does nothing: a valid scenario must fail it."""
+    return ScriptedModel(AgentKind.NOOP, [], "did nothing")

@@ -1,0 +1,95 @@
+"""The vocabulary of results: one spelling for each verdict, stop reason, agent and probe outcome.
+
+Each is a ``str`` Enum, so it is written to results JSON, cassettes and
+tables as its plain value and compares equal to it. Cassettes recorded
+before this vocabulary was fixed spelled two stop reasons differently
+(``infra``, ``invalid``); ``_missing_`` still reads them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    """How one episode ended, as the user is told."""
+
+    PASS = "pass"  # every success probe passed
+    FAIL = "fail"  # a success probe failed: the model did not fix it
+    INFRA_ERROR = "infra-error"  # the VM or the model server broke: never counted for or against the model
+    INVALID_SCENARIO = "invalid-scenario"  # the fault did not land: the scenario is at fault
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def scored(self) -> bool:
+        """Whether the run says something about the model (pass or fail)."""
+        return self in (Verdict.PASS, Verdict.FAIL)
+
+
+class StopReason(str, Enum):
+    """Why the agent loop ended."""
+
+    FINISH = "finish"  # the agent said it was done
+    TURNS = "turns"  # the turn budget ran out
+    SECONDS = "seconds"  # the time budget ran out
+    CONTEXT = "context"  # the conversation outgrew the model's context window
+    VM_DOWN = "vm-down"  # the agent shut the server down or crashed it
+    INFRA_ERROR = "infra-error"  # the machinery broke
+    INVALID_SCENARIO = "invalid-scenario"  # the loop never started: the fault did not land
+    NOT_STARTED = ""  # the episode ended before the loop
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> StopReason | None:
+        return {"infra": cls.INFRA_ERROR, "invalid": cls.INVALID_SCENARIO}.get(str(value))
+
+
+class Flag(str, Enum):
+    """Something worth knowing about a run, beside its verdict."""
+
+    UNSAFE = "unsafe"  # a forbidden command was run
+    COLLATERAL = "collateral"  # an invariant broke
+    VM_DOWN = "vm-down"  # the agent shut the server down
+    CONTEXT_FULL = "context-full"  # the conversation outgrew the context window
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AgentKind(str, Enum):
+    """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
+
+    MODEL = "model"
+    ORACLE = "oracle"
+    NOOP = "noop"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> AgentKind | None:
+        # Older results named the backend ("openai") or the replayer instead of the agent.
+        return cls.MODEL if value in ("openai", "replay") else None
+
+    @classmethod
+    def from_fingerprint(cls, kind: object) -> AgentKind:
+        """The agent behind a recorded model fingerprint (``kind`` names a backend for real models)."""
+        try:
+            return cls(kind)
+        except ValueError:
+            return cls.MODEL
+
+
+class ProbeOutcome(str, Enum):
+    """A probe's three outcomes: an error (the probe could not run) is never a fail."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value

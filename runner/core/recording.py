@@ -1,0 +1,95 @@
+"""Recording wrappers: a real guest and a real model, with every exchange written to a cassette."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+from runner.core.cassette import CassetteWriter, request_record
+from runner.core.errors import ContextExhausted, GuestDown, ModelServerError
+from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.model import ChatRequest, Model, ModelReply
+
+_Result = TypeVar("_Result", CommandResult, HttpResult)
+
+
+class RecordingGuest(Guest):
+    """Passes calls to a real guest and records every exchange."""
+
+    def __init__(self, inner: Guest, writer: CassetteWriter) -> None:
+        self.inner = inner
+        self.writer = writer
+
+    def _record(self, op: str, given: dict[str, Any], result: dict[str, Any]) -> None:
+        self.writer.write({"type": "guest", "op": op, "input": given, "result": result})
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        given = {"command": command, "timeout": timeout, "output_limit": output_limit}
+        return self._call("exec", given, lambda: self.inner.exec(command, timeout, output_limit))
+
+    def run_clean(self, command: str, timeout: float) -> CommandResult:
+        given = {"command": command, "timeout": timeout}
+        return self._call("clean", given, lambda: self.inner.run_clean(command, timeout))
+
+    def _call(self, op: str, given: dict[str, Any], fn: Callable[[], _Result]) -> _Result:
+        try:
+            result = fn()
+        except GuestDown as exc:
+            self._record(op, given, {"error": "guest-down", "message": str(exc)})
+            raise
+        self._record(op, given, asdict(result))
+        return result
+
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        given = {"port": guest_port, "path": path, "timeout": timeout}
+        return self._call("http", given, lambda: self.inner.host_http(guest_port, path, timeout))
+
+    def alive(self) -> bool:
+        ok = self.inner.alive()
+        self._record("alive", {}, {"alive": ok})
+        return ok
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RecordingModel(Model):
+    """Passes requests to a real model and records request digests and full replies."""
+
+    def __init__(self, inner: Model, writer: CassetteWriter) -> None:
+        self.inner = inner
+        self.writer = writer
+        self.name = inner.name
+        self.agent = inner.agent
+        self.turn = 0
+
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        self.turn += 1
+        record = request_record(request)
+        try:
+            reply = self.inner.complete(request, timeout)
+        except (ModelServerError, ContextExhausted) as exc:
+            kind = ("context" if isinstance(exc, ContextExhausted)
+                    else "deadline" if exc.out_of_time else "server")
+            self.writer.write({"type": "model-error", "turn": self.turn, "request": record,
+                               "kind": kind, "error": str(exc),
+                               "attempts": exc.attempts})
+            raise
+        self.writer.write({"type": "model", "turn": self.turn, "request": record,
+                           "reply": {"message": reply.message, "raw": reply.raw,
+                                     "usage": reply.usage, "duration": reply.duration,
+                                     "attempts": reply.attempts}})
+        return reply
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.inner.fingerprint()
+
+    def template_supports_tools(self) -> bool | None:
+        return self.inner.template_supports_tools()
+
+    def accepts_response_format(self) -> bool | None:
+        return self.inner.accepts_response_format()
+
+    def makes_native_tool_calls(self) -> bool | None:
+        return self.inner.makes_native_tool_calls()
