@@ -91,10 +91,12 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     position = {(s.id, r): i for i, (s, r) in enumerate(wanted)}
 
     def recorded(s: Scenario, r: int) -> Path | None:
+        """The cassette in ``record_to`` this run would be replayed from (round 0 may be ``<id>.jsonl``,
+        as ``verify`` names its oracle cassettes)."""
         if record_to is None or record_mode is RecordMode.ALL:
             return None
-        path = record_to / _cassette_name(s, r)
-        return path if path.is_file() else None
+        names = [_cassette_name(s, r)] + ([f"{s.id}.jsonl"] if r == 0 else [])
+        return next((record_to / n for n in names if (record_to / n).is_file()), None)
 
     if record_mode is RecordMode.NONE:
         missing = [f"{s.id} (round {r + 1})" for s, r in wanted if recorded(s, r) is None]

@@ -30,7 +30,8 @@ from runner.core.episode import Episode
 
 def slug(label: str) -> str:
     """``label`` as one safe path component: never a separator, never ``..``."""
-    text = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip(".-")
+    text = re.sub(r"[^A-Za-z0-9._-]+|\.{2,}", "-", label)
+    text = re.sub(r"-{2,}", "-", text).strip(".-")
     return text[:80] or "run"
 
 

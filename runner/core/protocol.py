@@ -1,7 +1,7 @@
 """How a model acts: native tool calls, schema-constrained JSON, or a fenced bash block.
 
-Small local models rarely fill OpenAI ``tool_calls`` (DESIGN.md: neither
-Qwen2.5-Coder did), so a harness that only speaks tool calls measures the
+Small local models rarely fill OpenAI ``tool_calls`` (measured: neither
+Qwen2.5-Coder model does through llama-server's ``--jinja``), so a harness that only speaks tool calls measures the
 chat template, not sysadmin skill. Each protocol here owns its system
 prompt, the request fields it adds, the parser of replies and the shape of
 the observation sent back. Parsers never raise: every reply becomes
