@@ -13,6 +13,7 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from runner import __version__
 from runner.app import logs
@@ -39,6 +41,7 @@ from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
     DEFAULT_CTX_SIZE,
     DEFAULT_MODEL,
+    MODELS,
     describe_setup,
     ensure_llama_server,
     fetch_model,
@@ -206,12 +209,44 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(value: float, flag: str, low: int, high: int) -> None:
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidInput(f"must be a number from {low} to {high}, not {value!r}", field=flag)
+
+
 def _choice(args: argparse.Namespace) -> AgentChoice:
-    if args.model_file and not Path(args.model_file).is_file():
-        raise InvalidInput("no such file", path=args.model_file, field="--model-file")
-    if args.repeat < 1:
-        raise InvalidInput("must be at least 1", field="--repeat")
-    return AgentChoice(kind=AgentKind(args.agent), endpoint=args.endpoint, model=args.model,
+    """The agent flags, checked before any work is done (no image build, no VM, no server)."""
+    agent = AgentKind(args.agent)
+    if args.endpoint is not None:
+        url = urlsplit(args.endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise InvalidInput(f"not an http(s) URL with a host: {args.endpoint!r}",
+                               field="--endpoint")
+        try:
+            url.port  # noqa: B018 - parsing the port is the check
+        except ValueError:
+            raise InvalidInput(f"the port is not a number from 1 to 65535: {args.endpoint!r}",
+                               field="--endpoint") from None
+    if args.model_file is not None:
+        if not Path(args.model_file).is_file():
+            raise InvalidInput("no such file", path=args.model_file, field="--model-file")
+    elif agent is AgentKind.MODEL and args.endpoint is None and args.model not in MODELS:
+        raise InvalidInput(f"unknown model {args.model!r} (known: {', '.join(MODELS)}; or give "
+                           "--model-file, or --endpoint for a server of your own)", field="--model")
+    if args.llama_server is not None:
+        binary = Path(args.llama_server)
+        if not binary.is_file() or not os.access(binary, os.X_OK):
+            raise InvalidInput("not an executable file", path=args.llama_server,
+                               field="--llama-server")
+    _number(args.temperature, "--temperature", 0, 2)
+    _number(args.max_tokens, "--max-tokens", 1, 1 << 20)
+    _number(args.ctx_size, "--ctx-size", 512, 1 << 22)
+    _number(args.repeat, "--repeat", 1, 10_000)
+    _number(getattr(args, "retry_infra", 0), "--retry-infra", 0, 100)
+    if args.record_mode != RecordMode.ALL.value and not args.record_to:
+        raise InvalidInput(f"--record-mode {args.record_mode} needs --record-to DIR",
+                           field="--record-mode")
+    return AgentChoice(kind=agent, endpoint=args.endpoint, model=args.model,
                        model_file=args.model_file, llama_server=args.llama_server,
                        temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                        ctx_size=args.ctx_size)
@@ -239,15 +274,20 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    scenario = load_spec(args.spec)
     args.retry_infra = 0  # `run` has no --retry-infra; one scenario, one try
+    _choice(args)  # flags first: a bad flag is reported before the spec is even read
+    scenario = load_spec(args.spec)
     return _bench(args, [scenario], None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    _choice(args)  # flags first
     resume = Path(args.resume) if args.resume else None
-    if resume is not None and not (resume / "run.json").is_file():
-        raise InvalidInput("not a run directory (no run.json)", path=str(resume), field="--resume")
+    if resume is not None:
+        if not (resume / "run.json").is_file():
+            raise InvalidInput("not a run directory (no run.json)", path=str(resume),
+                               field="--resume")
+        load_results(resume)  # a damaged results.json is reported before anything runs
     scenarios = load_specs(_spec_paths(args.paths))
     if args.only:
         scenarios = select(scenarios, args.only)

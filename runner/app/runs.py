@@ -16,6 +16,7 @@ leaves a half-written results file, and earlier results stay intact.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import re
@@ -24,8 +25,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from runner.app.report import junit_xml, summary_counts
 from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
+from runner.core.paths import repo_root
+from runner.core.spec import read_text
+from runner.core.text import one_line
+
+MAX_RESULTS_BYTES = 64 * 1024 * 1024
 
 
 def slug(label: str) -> str:
@@ -44,7 +53,11 @@ def new_run_dir(base: Path, label: str) -> Path:
     while path.exists():
         n += 1
         path = base / f"{name}-{n}"
-    path.mkdir(parents=True)
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise InvalidInput(f"cannot make the run directory: {exc.strerror}", path=str(base),
+                           field="--runs-dir") from None
     return path
 
 
@@ -73,12 +86,35 @@ def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Ep
 
 
 def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
-    """Read a run directory's results back (for ``--resume``)."""
+    """Read a run directory's results back (for ``report`` and ``--resume``).
+
+    A missing file is an empty run. A damaged one (not JSON, wrong types, an
+    unknown verdict) is :class:`InvalidInput` naming the file and the field:
+    a resume must never guess what a broken file meant.
+    """
     path = Path(run_dir) / "results.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         return {}, []
+    text = read_text(path, limit=MAX_RESULTS_BYTES)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise InvalidInput(f"not valid JSON{where}", path=str(path)) from None
+    errors = sorted(_results_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        assert best is not None
+        field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in best.absolute_path)
+        raise InvalidInput(one_line(best.message, 160), path=str(path),
+                           field=field.replace(".[", "[") or None)
     fields = set(Episode.__dataclass_fields__)
-    episodes = [Episode(**{k: v for k, v in e.items() if k in fields}) for e in data.get("episodes", [])]
-    return data.get("run", {}), episodes
+    episodes = [Episode(**{k: v for k, v in e.items() if k in fields}) for e in data["episodes"]]
+    run = data.get("run")
+    return (run if isinstance(run, dict) else {}), episodes
+
+
+@functools.cache
+def _results_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads((repo_root() / "schema" / "results.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)

@@ -1,0 +1,129 @@
+"""Hostile or broken input ends in one line and exit 2 (or 1), never a traceback, never a hang.
+
+Everything here runs without a VM or a model: flags are checked before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner.app.runs import load_results
+from runner.core.errors import InvalidInput
+from runner.core.paths import repo_root
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          timeout=60, cwd=repo_root(), stdin=subprocess.DEVNULL)
+
+
+def _one_clean_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for fragment in fragments:
+        assert fragment in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--endpoint", "not-a-url"], "--endpoint"),
+    (["--endpoint", "http://127.0.0.1:99999"], "--endpoint"),
+    (["--endpoint", "ftp://host/"], "--endpoint"),
+    (["--model", "no-such-model"], "--model"),
+    (["--model", "x/../../y"], "--model"),
+    (["--model-file", "/nonexistent.gguf"], "--model-file"),
+    (["--llama-server", "/nonexistent"], "--llama-server"),
+    (["--llama-server", "/"], "--llama-server"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--max-tokens", "-1"], "--max-tokens"),
+    (["--ctx-size", "0"], "--ctx-size"),
+    (["--repeat", "0"], "--repeat"),
+    (["--retry-infra", "-1"], "--retry-infra"),
+    (["--record-mode", "once"], "--record-mode"),
+])
+def test_bad_flags_are_refused_before_any_work(flags: list[str], fragment: str, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    r = _cli("bench", "--runs-dir", str(runs), *flags)
+    _one_clean_line(r, 2, fragment)
+    assert not runs.exists(), "nothing may be made before the flags are checked"
+
+
+def test_run_checks_flags_too(tmp_path: Path) -> None:
+    r = _cli("run", str(repo_root() / "specs" / "rogue-port-80.yaml"), "--temperature", "inf",
+             "--runs-dir", str(tmp_path / "runs"))
+    _one_clean_line(r, 2, "--temperature")
+
+
+def test_runs_dir_that_cannot_be_made(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = _cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir", str(blocker))
+    _one_clean_line(r, 2, "--runs-dir")
+
+
+def _results(tmp_path: Path, data: object | str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / "run.json").write_text("{}")
+    text = data if isinstance(data, str) else json.dumps(data)
+    (run / "results.json").write_text(text)
+    return run
+
+
+GOOD_EPISODE = {"scenario": "rogue-port-80", "agent": "oracle", "model": "oracle",
+                "protocol": "tools", "verdict": "pass", "seconds": 1.5, "turns": 2}
+
+
+@pytest.mark.parametrize("data,field", [
+    ("{not json", None),
+    ([1, 2], None),
+    ({"episodes": "none"}, "episodes"),
+    ({"episodes": [dict(GOOD_EPISODE, verdict="great")]}, "episodes[0].verdict"),
+    ({"episodes": [dict(GOOD_EPISODE, seconds="abc")]}, "episodes[0].seconds"),
+    ({"episodes": [dict(GOOD_EPISODE, turns="ten")]}, "episodes[0].turns"),
+    ({"episodes": [{"verdict": "pass"}]}, "episodes[0]"),
+])
+def test_damaged_results_are_one_line_for_report_and_resume(tmp_path: Path, data: object,
+                                                             field: str | None) -> None:
+    run = _results(tmp_path, data)  # type: ignore[arg-type]
+    for args in (["report", str(run)], ["bench", "--agent", "oracle", "--resume", str(run)]):
+        r = _cli(*args)
+        _one_clean_line(r, 2, "results.json", *([field] if field else []))
+
+
+def test_good_results_still_load(tmp_path: Path) -> None:
+    run = _results(tmp_path, {"episodes": [GOOD_EPISODE], "run": {}})
+    _info, episodes = load_results(run)
+    assert episodes[0].verdict == "pass" and episodes[0].turns == 2
+    r = _cli("report", str(run))
+    assert r.returncode == 0 and "| rogue-port-80" in r.stdout, r.stderr
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) |
+                    st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) |
+                    st.dictionaries(st.text(max_size=12), inner, max_size=6), max_leaves=30)
+EPISODE_LIKE = st.fixed_dictionaries({}, optional={k: JSON for k in GOOD_EPISODE}).map(
+    lambda d: {**GOOD_EPISODE, **d})
+
+
+@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(JSON, st.fixed_dictionaries({"episodes": st.lists(EPISODE_LIKE, max_size=3)})))
+def test_fuzzed_results_end_in_results_or_invalid_input(tmp_path: Path, data: object) -> None:
+    run = _results(tmp_path, data)
+    try:
+        _info, episodes = load_results(run)
+    except InvalidInput as exc:
+        assert "\n" not in str(exc)
+        return
+    from runner.app.report import render_table
+
+    for fmt in ("github", "json"):
+        render_table(episodes, fmt)
