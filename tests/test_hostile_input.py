@@ -127,3 +127,14 @@ def test_fuzzed_results_end_in_results_or_invalid_input(tmp_path: Path, data: ob
 
     for fmt in ("github", "json"):
         render_table(episodes, fmt)
+
+
+def test_list_prints_no_control_sequences(tmp_path: Path) -> None:
+    spec = tmp_path / "evil.yaml"
+    spec.write_text('id: evil\ntitle: "bad \\e]0;pwned\\a \\e[31mred\\e[0m \\x9b2J"\n'
+                    "image: debian-12-nginx\ntask: t\nsetup: ['true']\n"
+                    "probes: [{service: {name: nginx, active: true}}]\nsolution: ['true']\n")
+    r = _cli("list", str(spec))
+    assert r.returncode == 0, r.stderr
+    assert "bad" in r.stdout and "red" in r.stdout
+    assert not any(ch in r.stdout for ch in "\x1b\x07\x9b"), repr(r.stdout)

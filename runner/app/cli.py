@@ -53,14 +53,25 @@ from runner.core.errors import InfraError, InvalidInput, ReplayMismatch, Rootben
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import CHOICES
 from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs, select
+from runner.core.text import printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
 log = logging.getLogger("rootbench.cli")
 
 
 def _out(text: str) -> None:
-    """The command's answer, on stdout (progress goes to stderr through logging)."""
-    print(text, flush=True)
+    """The command's answer, on stdout (progress goes to stderr through logging).
+
+    Everything a command prints passes here or through :func:`_err`, the one
+    place terminal output is cleaned: spec titles, guest output and model text
+    are hostile and may hold escape sequences or lone surrogates.
+    """
+    print(printable(text), flush=True)
+
+
+def _err(text: str) -> None:
+    """One line for the user on stderr, cleaned like :func:`_out`."""
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 # --- argument groups --------------------------------------------------------------------------
@@ -468,21 +479,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except InvalidInput as exc:
-        print(f"rootbench: {exc}", file=sys.stderr)
+        _err(f"rootbench: {exc}")
         return 2
     except Interrupted as exc:
-        print(f"rootbench: interrupted; everything torn down, results so far kept (exit {exc.code})",
-              file=sys.stderr)
+        _err(f"rootbench: interrupted; everything torn down, results so far kept (exit {exc.code})")
         return exc.code
     except KeyboardInterrupt:
-        print("rootbench: interrupted", file=sys.stderr)
+        _err("rootbench: interrupted")
         return 130
     except InfraError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"rootbench: infrastructure error: {first}", file=sys.stderr)
+        _err(f"rootbench: infrastructure error: {first}")
         return 1
     except RootbenchError as exc:
-        print(f"rootbench: {exc}", file=sys.stderr)
+        _err(f"rootbench: {exc}")
         return 1
     except BrokenPipeError:
         # The reader went away (`rootbench list | head`): nothing more can be said to it.
@@ -492,8 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
-            print(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
-                  "results written so far are intact", file=sys.stderr)
+            _err(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
+                 "results written so far are intact")
             return 1
         return _last_resort(exc)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
@@ -503,8 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _last_resort(exc: BaseException) -> int:
     where = _crash_log(exc)
     detail = " ".join(str(exc).split())[:160] or type(exc).__name__
-    print(f"rootbench: unexpected error ({type(exc).__name__}: {detail}); please report this"
-          + (f" with {where}" if where else ""), file=sys.stderr)
+    _err(f"rootbench: unexpected error ({type(exc).__name__}: {detail}); please report this"
+         + (f" with {where}" if where else ""))
     return 1
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from runner.core.text import clean_text
+from runner.core.text import printable
 
 ROOT = "rootbench"
 
@@ -23,7 +23,7 @@ class ProgressHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             part = record.name.rsplit(".", 1)[-1] if record.name != ROOT else ROOT
-            message = clean_text(record.getMessage())
+            message = printable(record.getMessage())
             print(f"[{part}] {message}", file=sys.stderr, flush=True)
         except BrokenPipeError:
             raise

@@ -25,3 +25,8 @@ def one_line(text: str, limit: int = 200) -> str:
     text = _ANY_CONTROL.sub(" ", clean_text(str(text))).strip()
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` cleaned and encodable: lone surrogates (a YAML ``"\\udc80"``) become ``?``."""
+    return clean_text(text).encode("utf-8", "replace").decode("utf-8")
