@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -12,7 +14,16 @@ from hypothesis import strategies as st
 
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
-from runner.core.spec import Scenario, check_specs, load_spec, load_specs, scenario_from_text
+from runner.core.probes import HttpProbe, ServiceProbe
+from runner.core.spec import (
+    Scenario,
+    check_specs,
+    load_spec,
+    load_specs,
+    scenario_from_dict,
+    scenario_from_text,
+    scenario_to_dict,
+)
 
 GOOD = textwrap.dedent("""\
     id: demo
@@ -46,6 +57,55 @@ def test_good_spec_loads_with_defaults(tmp_path: Path) -> None:
     assert s.probes[1].name.startswith("http http://localhost/") and s.probes[1].within == 5.0
     assert s.invariants[0].name == "service ssh active=true"
     assert len(s.spec_hash) == 64
+
+
+def test_probes_are_built_into_typed_kinds(tmp_path: Path) -> None:
+    s = load_spec(_write(tmp_path, GOOD))
+    assert s.probes[0].condition == ServiceProbe("nginx", active=True)
+    # ``status: 200`` was written out: same check as the default, and the name still shows it.
+    assert s.probes[1].condition == HttpProbe("http://localhost/", body_contains="Welcome")
+    assert s.probes[1].name == "http http://localhost/ -> 200"
+
+
+def test_probes_keep_their_cassette_header_shape(tmp_path: Path) -> None:
+    """Cassettes store each probe as kind + params as written; old ones must keep loading."""
+    s = load_spec(_write(tmp_path, GOOD))
+    d = json.loads(json.dumps(scenario_to_dict(s)))
+    assert d["probes"] == [
+        {"kind": "service", "params": {"name": "nginx", "active": True}, "name": "nginx up",
+         "within": None},
+        {"kind": "http", "params": {"url": "http://localhost/", "status": 200,
+                                    "body_contains": "Welcome"},
+         "name": "http http://localhost/ -> 200", "within": 5.0}]
+    assert d["invariants"] == [{"kind": "service", "params": {"name": "ssh", "active": True},
+                                "name": "service ssh active=true", "within": None}]
+    back = scenario_from_dict(d)
+    assert back == s and json.loads(json.dumps(scenario_to_dict(back))) == d
+
+
+def test_every_committed_cassette_header_round_trips() -> None:
+    for path in sorted((repo_root() / "recordings").rglob("*.jsonl")):
+        with path.open(encoding="utf-8") as fh:
+            recorded = json.loads(fh.readline())["scenario"]
+        rewritten = json.dumps(scenario_to_dict(scenario_from_dict(recorded)), ensure_ascii=False)
+        assert rewritten == json.dumps(recorded, ensure_ascii=False), path
+
+
+@pytest.mark.parametrize("probe", [
+    {"kind": "socket", "params": {"x": 1}, "name": "n", "within": None},
+    {"kind": "service", "params": {"name": "ssh", "colour": "red"}, "name": "n", "within": None},
+    {"kind": "service", "params": {"active": True}, "name": "n", "within": None},
+    {"kind": "service", "params": "ssh", "name": "n", "within": None},
+    {"kind": "service", "params": {"name": "ssh"}, "name": "n", "within": "soon"},
+    {"kind": "service", "params": {"name": "ssh"}, "name": 7, "within": None},
+    {"kind": "service", "params": {"name": "ssh"}, "within": None},
+    ["service", {"name": "ssh"}],
+])
+def test_a_damaged_probe_in_a_cassette_header_is_invalid_input(tmp_path: Path, probe: Any) -> None:
+    d = scenario_to_dict(load_spec(_write(tmp_path, GOOD)))
+    d["probes"] = [probe]
+    with pytest.raises(InvalidInput, match="the cassette's scenario is unreadable"):
+        scenario_from_dict(d)
 
 
 BAD = {

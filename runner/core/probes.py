@@ -1,28 +1,39 @@
 """Probes: how a verdict is decided, from the real state of the guest.
 
-Each probe kind turns into one shell command run through the guest's clean
-clean channel (or one HTTP request from the host), and its output is judged
-here on the host. A probe has three outcomes: ``pass``, ``fail``, or
-``error`` when the probe itself could not run (its tool is missing, it timed
-out). An error is never counted as a fail: a broken ruler says nothing about
-the model.
+Each probe kind is a small frozen dataclass with its own :meth:`~ProbeKind.check`:
+it turns into one shell command run through the guest's clean channel (or
+one HTTP request from the host), and its output is judged here on the host.
+Because a check needs nothing but a :class:`~runner.core.guest.Guest`, every
+kind is unit-tested against recorded guest exchanges, with no VM.
+
+A probe has three outcomes: ``pass``, ``fail``, or ``error`` when the probe
+itself could not run (its tool is missing, it timed out). An error is never
+counted as a fail: a broken ruler says nothing about the model.
+
+The command strings the kinds send are part of the recorded cassettes: a
+replay compares them byte for byte, so changing one invalidates every
+cassette that ran it.
+
+This module does not import :mod:`runner.core.spec` (the spec loader builds
+its probes from the kinds here, so the import points the other way);
+:func:`run_probes` takes anything shaped like :class:`ProbeLike`.
 """
 
 from __future__ import annotations
 
+import abc
 import base64
+import dataclasses
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from runner.core.clock import Clock
 from runner.core.guest import CommandResult, Guest
 from runner.core.outcomes import ProbeOutcome
-from runner.core.spec import Probe
-
-Outcome = ProbeOutcome
 
 PROBE_TIMEOUT = 20.0  # seconds for one probe command
 RETRY_INTERVAL = 0.5  # seconds between tries of a probe with ``within``
@@ -30,55 +41,81 @@ _NOT_FOUND = 127
 _HTTP_MARK = "__RB_HTTP__"
 _MISSING_MARK = "__RB_MISSING__"
 
+_PASS, _FAIL, _ERROR = ProbeOutcome.PASS, ProbeOutcome.FAIL, ProbeOutcome.ERROR
+
+# Spec keys that are not Python identifiers, and the field each is stored in.
+_FIELD_FOR_KEY = {"from": "from_"}
+_KEY_FOR_FIELD = {v: k for k, v in _FIELD_FOR_KEY.items()}
+
+_K = TypeVar("_K", bound="ProbeKind")
+
+
+# --- the shared base ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ProbeResult:
-    name: str
-    kind: str
-    outcome: Outcome
-    detail: str  # one line: what was seen
-    attempts: int = 1
+class ProbeKind(abc.ABC):
+    """One kind of check, with its parameters as typed fields.
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "outcome": self.outcome,
-                "detail": self.detail, "attempts": self.attempts}
-
-
-def run_probes(guest: Guest, probes: tuple[Probe, ...] | list[Probe], clock: Clock,
-               *, wait: bool = True) -> list[ProbeResult]:
-    """Check every probe; retry those with ``within`` until they pass or time runs out.
-
-    Probes wait side by side, so the longest ``within`` bounds the whole wait,
-    not their sum. Once a probe without ``within`` has failed the verdict is
-    settled, so nothing waits any more (a noop run stays quick).
+    ``written`` names the keys the spec gave, in its order. It exists because
+    a spec may spell out a default (``status: 200``), and both the cassette
+    header and the generated probe name show the probe as it was written; it
+    takes no part in equality, since it does not change what is checked.
     """
-    results = [_check(guest, p) for p in probes]
-    if not wait:
-        return results
-    settled = any(r.outcome == "fail" and not p.within for p, r in zip(probes, results, strict=True))
-    start = clock.now()
-    while not settled:
-        pending = [i for i, (p, r) in enumerate(zip(probes, results, strict=True))
-                   if r.outcome != "pass" and p.within and start + p.within > clock.now()]
-        if not pending:
-            break
-        clock.sleep(RETRY_INTERVAL)
-        for i in pending:
-            r = _check(guest, probes[i])
-            results[i] = ProbeResult(r.name, r.kind, r.outcome, r.detail, results[i].attempts + 1)
-    return results
+
+    kind: ClassVar[str]
+    written: tuple[str, ...] = field(default=(), kw_only=True, compare=False, repr=False)
+
+    @abc.abstractmethod
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        """Run the probe once against ``guest``: its outcome and what was seen."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The probe's default name, for specs that give none."""
+
+    @classmethod
+    def from_params(cls: type[_K], params: Mapping[str, Any]) -> _K:
+        """Build the kind from its spec mapping (already schema-validated, or a cassette's).
+
+        Raises TypeError for a key the kind does not have or a required one
+        missing, so a damaged cassette header is reported, not half-read.
+        """
+        if not isinstance(params, Mapping):
+            raise TypeError(f"{cls.kind} probe parameters must be a mapping, "
+                            f"not {type(params).__name__}")
+        names = {f.name for f in dataclasses.fields(cls) if f.name != "written"}
+        values: dict[str, Any] = {}
+        for key, value in params.items():
+            name = _FIELD_FOR_KEY.get(key, key)
+            if name not in names:
+                raise TypeError(f"{cls.kind} probe has no parameter {key!r}")
+            values[name] = value
+        return cls(**values, written=tuple(params))
+
+    def to_params(self) -> dict[str, Any]:
+        """The spec mapping back: the written keys in their order, then any field not at its default.
+
+        The second part covers a probe built in code (``written`` empty), so
+        its required and changed fields are never lost.
+        """
+        out: dict[str, Any] = {}
+        for key in self.written:
+            out[key] = getattr(self, _FIELD_FOR_KEY.get(key, key))
+        for f in dataclasses.fields(self):
+            key = _KEY_FOR_FIELD.get(f.name, f.name)
+            if f.name == "written" or key in out:
+                continue
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or value != f.default:
+                out[key] = value
+        return out
+
+    def _gives(self, key: str) -> bool:
+        """Whether the spec mapping has ``key`` (written, or set away from its default)."""
+        return key in self.to_params()
 
 
-def _check(guest: Guest, probe: Probe) -> ProbeResult:
-    checker = _CHECKERS[probe.kind]
-    outcome, detail = checker(guest, probe.params)
-    return ProbeResult(probe.name, probe.kind, ProbeOutcome(outcome), _one_line(detail))
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = re.sub(r"[\x00-\x1f\x7f-\x9f]+", " ", text).strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
+# --- helpers shared by the kinds -----------------------------------------------------------
 
 def _run(guest: Guest, command: str) -> CommandResult:
     return guest.run_clean(command, PROBE_TIMEOUT)
@@ -93,141 +130,283 @@ def _failed_to_run(result: CommandResult, tool: str) -> str | None:
     return None
 
 
-# --- the kinds --------------------------------------------------------------------------
+# --- the kinds ---------------------------------------------------------------------------
 
-def _command(guest: Guest, p: dict[str, Any]) -> tuple[Outcome, str]:
-    want = int(p.get("exit_code", 0))
-    result = _run(guest, p["run"])
-    if result.timed_out:
-        return "error", f"probe timed out after {PROBE_TIMEOUT:.0f}s"
-    if result.exit_code == _NOT_FOUND and want != _NOT_FOUND:
-        return "error", f"command not found: {result.output[-120:]}"
-    out = result.output
-    if result.exit_code != want:
-        return "fail", f"exit {result.exit_code}, wanted {want}: {out[-120:]}"
-    if "stdout_contains" in p and p["stdout_contains"] not in out:
-        return "fail", f"output lacks {p['stdout_contains']!r}: {out[-120:]}"
-    if "stdout_matches" in p and not re.search(p["stdout_matches"], out, re.MULTILINE):
-        return "fail", f"output does not match /{p['stdout_matches']}/: {out[-120:]}"
-    return "pass", f"exit {result.exit_code}"
+@dataclass(frozen=True)
+class CommandProbe(ProbeKind):
+    """A shell command's exit code, and optionally its output (a substring or a regex)."""
 
+    kind: ClassVar[str] = "command"
+    run: str
+    exit_code: int = 0
+    stdout_contains: str | None = None
+    stdout_matches: str | None = None
 
-def _judge_http(p: dict[str, Any], status: int | None, body: str, error: str | None
-                ) -> tuple[Outcome, str]:
-    want = p.get("status", 200)
-    if status is None:
-        return "fail", f"no HTTP answer: {error or 'connection failed'}"
-    if status != want:
-        return "fail", f"status {status}, wanted {want}"
-    if "body_contains" in p and p["body_contains"] not in body:
-        return "fail", f"status {status} but the body lacks {p['body_contains']!r}"
-    return "pass", f"status {status}"
+    def describe(self) -> str:
+        return f"command `{self.run[:60]}`"
 
-
-def _http(guest: Guest, p: dict[str, Any]) -> tuple[Outcome, str]:
-    url = p["url"]
-    if p.get("from", "guest") == "host":
-        parts = urlsplit(url)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        res = guest.host_http(parts.port or 80, path, PROBE_TIMEOUT)
-        return _judge_http(p, res.status, res.body, res.error)
-    script = (
-        'b=$(mktemp) || exit 3; '
-        f'c=$(curl -sS -o "$b" -w "%{{http_code}}" --max-time 10 -- {shlex.quote(url)} 2>/dev/null); '
-        'r=$?; head -c 1000000 "$b"; rm -f "$b"; '
-        f'printf "\\n{_HTTP_MARK} %s %s\\n" "$r" "$c"'
-    )
-    result = _run(guest, "command -v curl >/dev/null || exit 127; " + script)
-    if (why := _failed_to_run(result, "curl")) is not None:
-        return "error", why
-    body, _, tail = result.output.rpartition(_HTTP_MARK)
-    fields = tail.split()
-    if len(fields) < 1:
-        return "error", "could not read curl's result"
-    curl_rc = fields[0]
-    code = fields[1] if len(fields) > 1 else "000"
-    status = int(code) if code.isdigit() and code != "000" else None
-    body = body[:-1] if body.endswith("\n") else body
-    return _judge_http(p, status, body, f"curl exit {curl_rc}")
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        want = int(self.exit_code)
+        result = _run(guest, self.run)
+        if result.timed_out:
+            return _ERROR, f"probe timed out after {PROBE_TIMEOUT:.0f}s"
+        # 127 is "command not found" unless the spec asked for exactly that.
+        if result.exit_code == _NOT_FOUND and want != _NOT_FOUND:
+            return _ERROR, f"command not found: {result.output[-120:]}"
+        out = result.output
+        if result.exit_code != want:
+            return _FAIL, f"exit {result.exit_code}, wanted {want}: {out[-120:]}"
+        if self.stdout_contains is not None and self.stdout_contains not in out:
+            return _FAIL, f"output lacks {self.stdout_contains!r}: {out[-120:]}"
+        if self.stdout_matches is not None and not re.search(self.stdout_matches, out, re.MULTILINE):
+            return _FAIL, f"output does not match /{self.stdout_matches}/: {out[-120:]}"
+        return _PASS, f"exit {result.exit_code}"
 
 
-def _service(guest: Guest, p: dict[str, Any]) -> tuple[Outcome, str]:
-    unit = shlex.quote(p["name"])
-    result = _run(guest, "command -v systemctl >/dev/null || exit 127; "
-                         f"systemctl is-active -- {unit}; systemctl is-enabled -- {unit} 2>&1; true")
-    if (why := _failed_to_run(result, "systemctl")) is not None:
-        return "error", why
-    lines = result.output.splitlines() + ["", ""]
-    active, enabled = lines[0].strip(), lines[1].strip()
-    seen = f"{p['name']}: {active or '?'}, {enabled or '?'}"
-    if "active" in p and (active == "active") != bool(p["active"]):
-        return "fail", seen
-    if "enabled" in p and (enabled in ("enabled", "enabled-runtime", "alias")) != bool(p["enabled"]):
-        return "fail", seen
-    return "pass", seen
+@dataclass(frozen=True)
+class HttpProbe(ProbeKind):
+    """An HTTP GET's status and body, made with curl in the guest or from the host.
+
+    ``from_`` is the spec's ``from`` key (a Python keyword): ``guest`` tests
+    the service as the machine sees it, ``host`` through the forwarded port
+    as a visitor would (a firewall or a localhost-only bind shows there).
+    """
+
+    kind: ClassVar[str] = "http"
+    url: str
+    status: int = 200
+    body_contains: str | None = None
+    from_: str = "guest"
+
+    def describe(self) -> str:
+        return f"http {self.url}" + (f" -> {self.status}" if self._gives("status") else "")
+
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        if self.from_ == "host":
+            parts = urlsplit(self.url)
+            path = parts.path or "/"
+            if parts.query:
+                path += "?" + parts.query
+            res = guest.host_http(parts.port or 80, path, PROBE_TIMEOUT)
+            return self._judge(res.status, res.body, res.error)
+        script = (
+            'b=$(mktemp) || exit 3; '
+            f'c=$(curl -sS -o "$b" -w "%{{http_code}}" --max-time 10 -- {shlex.quote(self.url)} 2>/dev/null); '
+            'r=$?; head -c 1000000 "$b"; rm -f "$b"; '
+            f'printf "\\n{_HTTP_MARK} %s %s\\n" "$r" "$c"'
+        )
+        result = _run(guest, "command -v curl >/dev/null || exit 127; " + script)
+        if (why := _failed_to_run(result, "curl")) is not None:
+            return _ERROR, why
+        body, _, tail = result.output.rpartition(_HTTP_MARK)
+        fields = tail.split()
+        if len(fields) < 1:
+            return _ERROR, "could not read curl's result"
+        curl_rc = fields[0]
+        code = fields[1] if len(fields) > 1 else "000"
+        status = int(code) if code.isdigit() and code != "000" else None
+        body = body[:-1] if body.endswith("\n") else body
+        return self._judge(status, body, f"curl exit {curl_rc}")
+
+    def _judge(self, status: int | None, body: str, error: str | None) -> tuple[ProbeOutcome, str]:
+        """The verdict on one answer, the same whichever side asked."""
+        if status is None:
+            return _FAIL, f"no HTTP answer: {error or 'connection failed'}"
+        if status != self.status:
+            return _FAIL, f"status {status}, wanted {self.status}"
+        if self.body_contains is not None and self.body_contains not in body:
+            return _FAIL, f"status {status} but the body lacks {self.body_contains!r}"
+        return _PASS, f"status {status}"
+
+
+@dataclass(frozen=True)
+class ServiceProbe(ProbeKind):
+    """A systemd unit's state; ``None`` for ``active``/``enabled`` means "either is fine"."""
+
+    kind: ClassVar[str] = "service"
+    name: str
+    active: bool | None = None
+    enabled: bool | None = None
+
+    def describe(self) -> str:
+        states = [f"{key}={str(value).lower()}"
+                  for key, value in (("active", self.active), ("enabled", self.enabled))
+                  if value is not None]
+        return f"service {self.name}" + (f" {' '.join(states)}" if states else "")
+
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        unit = shlex.quote(self.name)
+        result = _run(guest, "command -v systemctl >/dev/null || exit 127; "
+                             f"systemctl is-active -- {unit}; systemctl is-enabled -- {unit} 2>&1; true")
+        if (why := _failed_to_run(result, "systemctl")) is not None:
+            return _ERROR, why
+        lines = result.output.splitlines() + ["", ""]
+        active, enabled = lines[0].strip(), lines[1].strip()
+        seen = f"{self.name}: {active or '?'}, {enabled or '?'}"
+        if self.active is not None and (active == "active") != bool(self.active):
+            return _FAIL, seen
+        if self.enabled is not None and \
+                (enabled in ("enabled", "enabled-runtime", "alias")) != bool(self.enabled):
+            return _FAIL, seen
+        return _PASS, seen
 
 
 _SS_USER = re.compile(r'\("([^"]+)",pid=(\d+)')
 
 
-def _port(guest: Guest, p: dict[str, Any]) -> tuple[Outcome, str]:
-    port = int(p["port"])
-    flag = "-lnup" if p.get("protocol", "tcp") == "udp" else "-lntp"
-    result = _run(guest, "command -v ss >/dev/null || exit 127; "
-                         f"ss -H {flag} 'sport = :{port}'")
-    if (why := _failed_to_run(result, "ss")) is not None:
-        return "error", why
-    if result.exit_code != 0:
-        return "error", f"ss failed: {result.output[-120:]}"
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    names = sorted({m.group(1) for ln in lines for m in _SS_USER.finditer(ln)})
-    seen = f"port {port}: " + (f"listening ({', '.join(names) or 'unknown process'})"
-                               if lines else "not listening")
-    if bool(p.get("listening", True)) != bool(lines):
-        return "fail", seen
-    if "process" in p and p["process"] not in names:
-        return "fail", seen + f", wanted {p['process']}"
-    return "pass", seen
+@dataclass(frozen=True)
+class PortProbe(ProbeKind):
+    """Whether something listens on a port (per ``ss``), and optionally which process."""
+
+    kind: ClassVar[str] = "port"
+    port: int
+    protocol: str = "tcp"
+    listening: bool = True
+    process: str | None = None
+
+    def describe(self) -> str:
+        s = f"port {self.port}/{self.protocol}"
+        return s + (f" by {self.process}" if self.process is not None else "")
+
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        port = int(self.port)
+        flag = "-lnup" if self.protocol == "udp" else "-lntp"
+        result = _run(guest, "command -v ss >/dev/null || exit 127; "
+                             f"ss -H {flag} 'sport = :{port}'")
+        if (why := _failed_to_run(result, "ss")) is not None:
+            return _ERROR, why
+        if result.exit_code != 0:
+            return _ERROR, f"ss failed: {result.output[-120:]}"
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        names = sorted({m.group(1) for ln in lines for m in _SS_USER.finditer(ln)})
+        seen = f"port {port}: " + (f"listening ({', '.join(names) or 'unknown process'})"
+                                   if lines else "not listening")
+        if bool(self.listening) != bool(lines):
+            return _FAIL, seen
+        if self.process is not None and self.process not in names:
+            return _FAIL, seen + f", wanted {self.process}"
+        return _PASS, seen
 
 
-def _file(guest: Guest, p: dict[str, Any]) -> tuple[Outcome, str]:
-    path = shlex.quote(p["path"])
-    read = f"; head -c 1000000 -- {path} | base64 -w0" if "contains" in p else ""
-    result = _run(guest, f"if [ -e {path} ] || [ -L {path} ]; then "
-                         f"stat -c '%a|%U|%G|%F' -- {path}{read}; else echo {_MISSING_MARK}; fi")
-    if (why := _failed_to_run(result, "stat")) is not None:
-        return "error", why
-    out = result.output.strip()
-    exists = _MISSING_MARK not in out
-    if not exists:
-        ok = p.get("exists", True) is False
-        return ("pass" if ok else "fail"), f"{p['path']} does not exist"
-    if p.get("exists", True) is False:
-        return "fail", f"{p['path']} exists"
-    first, _, rest = out.partition("\n")
-    fields = first.split("|")
-    if len(fields) != 4:
-        return "error", f"could not read stat output: {first[:80]}"
-    mode, owner, group, ftype = fields
-    seen = f"{p['path']}: {ftype}, mode {int(mode, 8):04o}, {owner}:{group}" \
-        if re.fullmatch(r"[0-7]+", mode) else f"{p['path']}: {first[:80]}"
-    if "mode" in p and (not re.fullmatch(r"[0-7]+", mode) or int(mode, 8) != int(p["mode"], 8)):
-        return "fail", seen + f", wanted mode {p['mode']}"
-    if "owner" in p and owner != p["owner"]:
-        return "fail", seen + f", wanted owner {p['owner']}"
-    if "group" in p and group != p["group"]:
-        return "fail", seen + f", wanted group {p['group']}"
-    if "contains" in p:
-        try:
-            content = base64.b64decode(rest.strip(), validate=False).decode("utf-8", "replace")
-        except ValueError:
-            return "error", "could not decode the file's content"
-        if p["contains"] not in content:
-            return "fail", seen + f", content lacks {p['contains']!r}"
-    return "pass", seen
+@dataclass(frozen=True)
+class FileProbe(ProbeKind):
+    """A path's existence, mode, owner, group and content (a substring)."""
+
+    kind: ClassVar[str] = "file"
+    path: str
+    exists: bool = True
+    mode: str | None = None  # octal digits, as written: "644" or "0644"
+    owner: str | None = None
+    group: str | None = None
+    contains: str | None = None
+
+    def describe(self) -> str:
+        return f"file {self.path}"
+
+    def check(self, guest: Guest) -> tuple[ProbeOutcome, str]:
+        path = shlex.quote(self.path)
+        # The content is read only when it is checked: base64 keeps binary bytes intact.
+        read = f"; head -c 1000000 -- {path} | base64 -w0" if self.contains is not None else ""
+        result = _run(guest, f"if [ -e {path} ] || [ -L {path} ]; then "
+                             f"stat -c '%a|%U|%G|%F' -- {path}{read}; else echo {_MISSING_MARK}; fi")
+        if (why := _failed_to_run(result, "stat")) is not None:
+            return _ERROR, why
+        out = result.output.strip()
+        if _MISSING_MARK in out:
+            return (_PASS if self.exists is False else _FAIL), f"{self.path} does not exist"
+        if self.exists is False:
+            return _FAIL, f"{self.path} exists"
+        first, _, rest = out.partition("\n")
+        fields = first.split("|")
+        if len(fields) != 4:
+            return _ERROR, f"could not read stat output: {first[:80]}"
+        mode, owner, group, ftype = fields
+        octal = re.fullmatch(r"[0-7]+", mode) is not None
+        seen = f"{self.path}: {ftype}, mode {int(mode, 8):04o}, {owner}:{group}" \
+            if octal else f"{self.path}: {first[:80]}"
+        if self.mode is not None and (not octal or int(mode, 8) != int(self.mode, 8)):
+            return _FAIL, seen + f", wanted mode {self.mode}"
+        if self.owner is not None and owner != self.owner:
+            return _FAIL, seen + f", wanted owner {self.owner}"
+        if self.group is not None and group != self.group:
+            return _FAIL, seen + f", wanted group {self.group}"
+        if self.contains is not None:
+            try:
+                content = base64.b64decode(rest.strip(), validate=False).decode("utf-8", "replace")
+            except ValueError:
+                return _ERROR, "could not decode the file's content"
+            if self.contains not in content:
+                return _FAIL, seen + f", content lacks {self.contains!r}"
+        return _PASS, seen
 
 
-_CHECKERS = {"command": _command, "http": _http, "service": _service, "port": _port,
-             "file": _file}
+KINDS: dict[str, type[ProbeKind]] = {
+    k.kind: k for k in (CommandProbe, HttpProbe, ServiceProbe, PortProbe, FileProbe)}
+"""Every probe kind by the key a spec names it with, in the order the docs list them."""
+
+
+# --- running a scenario's probes --------------------------------------------------------------
+
+class ProbeLike(Protocol):
+    """What :func:`run_probes` needs of a probe: :class:`runner.core.spec.Probe` is one.
+
+    A Protocol rather than an import because the spec loader imports the
+    kinds from here; importing it back would be a cycle.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def within(self) -> float | None: ...
+
+    @property
+    def condition(self) -> ProbeKind: ...
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    kind: str
+    outcome: ProbeOutcome
+    detail: str  # one line: what was seen
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "outcome": self.outcome,
+                "detail": self.detail, "attempts": self.attempts}
+
+
+def run_probes(guest: Guest, probes: Sequence[ProbeLike], clock: Clock,
+               *, wait: bool = True) -> list[ProbeResult]:
+    """Check every probe; retry those with ``within`` until they pass or time runs out.
+
+    Probes wait side by side, so the longest ``within`` bounds the whole wait,
+    not their sum. Once a probe without ``within`` has failed the verdict is
+    settled, so nothing waits any more (a noop run stays quick).
+    """
+    results = [_check(guest, p) for p in probes]
+    if not wait:
+        return results
+    settled = any(r.outcome == _FAIL and not p.within for p, r in zip(probes, results, strict=True))
+    start = clock.now()
+    while not settled:
+        pending = [i for i, (p, r) in enumerate(zip(probes, results, strict=True))
+                   if r.outcome != _PASS and p.within and start + p.within > clock.now()]
+        if not pending:
+            break
+        clock.sleep(RETRY_INTERVAL)
+        for i in pending:
+            r = _check(guest, probes[i])
+            results[i] = ProbeResult(r.name, r.kind, r.outcome, r.detail, results[i].attempts + 1)
+    return results
+
+
+def _check(guest: Guest, probe: ProbeLike) -> ProbeResult:
+    outcome, detail = probe.condition.check(guest)
+    return ProbeResult(probe.name, probe.condition.kind, ProbeOutcome(outcome), _one_line(detail))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = re.sub(r"[\x00-\x1f\x7f-\x9f]+", " ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

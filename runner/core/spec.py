@@ -25,9 +25,10 @@ import yaml
 
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
+from runner.core.probes import KINDS, ProbeKind
 
 MAX_SPEC_BYTES = 256 * 1024
-PROBE_KINDS = ("command", "http", "service", "port", "file")
+PROBE_KINDS = tuple(KINDS)  # the spec keys that name a probe kind
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,41 @@ class Budget:
 
 @dataclass(frozen=True)
 class Probe:
-    """One check of the guest's state; ``params`` is the kind's mapping as written."""
+    """One check of the guest's state: a name, an optional deadline, and what is checked.
 
-    kind: str
-    params: dict[str, Any]
+    ``condition`` is one of the typed kinds in :mod:`runner.core.probes`, so
+    the spec is read once, here, and the checks never dig in a mapping.
+    ``within`` (seconds) lets a probe keep retrying while a fix settles.
+    """
+
+    condition: ProbeKind
     name: str
     within: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The spec key of the probe's kind (``command``, ``http``...)."""
+        return self.condition.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        """The probe as a cassette header stores it; the shape predates the typed kinds
+        and is kept, so old cassettes load and new ones read the same."""
+        return {"kind": self.kind, "params": self.condition.to_params(), "name": self.name,
+                "within": self.within}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Probe:
+        """Read :meth:`to_dict`'s shape back; a damaged entry is a KeyError or TypeError."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a probe must be a mapping, not {type(d).__name__}")
+        within = d.get("within")
+        if within is not None and (isinstance(within, bool) or not isinstance(within, int | float)):
+            raise TypeError(f"probe 'within' must be a number, not {type(within).__name__}")
+        name = d["name"]
+        if not isinstance(name, str):
+            raise TypeError(f"probe 'name' must be a string, not {type(name).__name__}")
+        return cls(condition=KINDS[d["kind"]].from_params(d["params"]), name=name,
+                   within=None if within is None else float(within))
 
 
 @dataclass(frozen=True)
@@ -198,27 +228,14 @@ def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
 
 # --- scenario construction ------------------------------------------------------------------
 
-def _probe_name(kind: str, p: dict[str, Any]) -> str:
-    if kind == "command":
-        return f"command `{p['run'][:60]}`"
-    if kind == "http":
-        return f"http {p['url']}" + (f" -> {p['status']}" if "status" in p else "")
-    if kind == "service":
-        states = [f"{k}={str(p[k]).lower()}" for k in ("active", "enabled") if k in p]
-        return f"service {p['name']}" + (f" {' '.join(states)}" if states else "")
-    if kind == "port":
-        s = f"port {p['port']}/{p.get('protocol', 'tcp')}"
-        return s + (f" by {p['process']}" if "process" in p else "")
-    return f"file {p['path']}"
-
-
 def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
+    """Build each validated probe mapping into its typed kind, named if the spec did not."""
     out = []
     for item in items:
         kind = next(k for k in item if k in PROBE_KINDS)
-        params = dict(item[kind])
+        condition = KINDS[kind].from_params(item[kind])
         within = item.get("within")
-        out.append(Probe(kind=kind, params=params, name=item.get("name") or _probe_name(kind, params),
+        out.append(Probe(condition=condition, name=item.get("name") or condition.describe(),
                          within=float(within) if within is not None else None))
     return tuple(out)
 
@@ -353,8 +370,15 @@ def select(scenarios: list[Scenario], ids: Iterable[str]) -> list[Scenario]:
 # --- scenarios in cassette headers -----------------------------------------------------------
 
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
-    """The scenario as plain JSON, for a cassette header (replay needs no spec file)."""
-    return dataclasses.asdict(s)
+    """The scenario as plain JSON, for a cassette header (replay needs no spec file).
+
+    Probes are written by :meth:`Probe.to_dict`, in the shape cassettes have
+    always had, not as ``asdict`` would spell the typed kinds.
+    """
+    out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=()))
+    out["probes"] = [p.to_dict() for p in s.probes]
+    out["invariants"] = [p.to_dict() for p in s.invariants]
+    return out
 
 
 def scenario_from_dict(d: dict[str, Any]) -> Scenario:
@@ -363,7 +387,7 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         fields = dict(d)
         fields["budget"] = Budget(**fields["budget"])
         for key in ("probes", "invariants"):
-            fields[key] = tuple(Probe(**p) for p in fields[key])
+            fields[key] = tuple(Probe.from_dict(p) for p in fields[key])
         for key in ("tags", "setup", "solution", "forbidden"):
             fields[key] = tuple(fields.get(key) or ())
         return Scenario(**fields)
