@@ -114,7 +114,7 @@ EPISODE_LIKE = st.fixed_dictionaries({}, optional={k: JSON for k in GOOD_EPISODE
     lambda d: {**GOOD_EPISODE, **d})
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(JSON, st.fixed_dictionaries({"episodes": st.lists(EPISODE_LIKE, max_size=3)})))
 def test_fuzzed_results_end_in_results_or_invalid_input(tmp_path: Path, data: object) -> None:
     run = _results(tmp_path, data)
@@ -138,3 +138,34 @@ def test_list_prints_no_control_sequences(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "bad" in r.stdout and "red" in r.stdout
     assert not any(ch in r.stdout for ch in "\x1b\x07\x9b"), repr(r.stdout)
+
+
+SPEC_TEXT = st.one_of(
+    st.text(max_size=400),
+    st.builds(lambda title, extra: (
+        f"id: fuzz\ntitle: {json.dumps(title)}\nimage: debian-12-nginx\ntask: t\n"
+        f"setup: ['true']\nprobes: [{{service: {{name: nginx, active: true}}}}]\n"
+        f"solution: ['true']\n{extra}"),
+        st.text(max_size=40),
+        st.sampled_from(["", "budget: {seconds: .nan}\n", "budget: {turns: 1e400}\n",
+                         "forbidden: ['(a+)+$']\n", "forbidden: ['a{4294967296}']\n",
+                         "forbidden: ['" + "(" * 5000 + "']\n",
+                         "probes: [{http: {url: 'http://localhost:99999/', from: host}}]\n",
+                         "tags: [!!binary aGVsbG8=]\n", "difficulty: 3\n"])))
+
+
+@settings(max_examples=120, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=SPEC_TEXT)
+def test_fuzzed_spec_text_ends_in_a_scenario_or_invalid_input(tmp_path: Path, text: str) -> None:
+    from runner.core.spec import load_spec
+
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        scenario = load_spec(path)
+    except InvalidInput as exc:
+        assert "\n" not in str(exc)
+        return
+    from runner.core.text import printable
+
+    printable(scenario.title).encode("utf-8")

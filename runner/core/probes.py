@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from runner.core.clock import Clock
 from runner.core.guest import CommandResult, Guest
 from runner.core.outcomes import ProbeOutcome
+from runner.core.patterns import search
 
 PROBE_TIMEOUT = 20.0  # seconds for one probe command
 RETRY_INTERVAL = 0.5  # seconds between tries of a probe with ``within``
@@ -158,7 +159,7 @@ class CommandProbe(ProbeKind):
             return _FAIL, f"exit {result.exit_code}, wanted {want}: {out[-120:]}"
         if self.stdout_contains is not None and self.stdout_contains not in out:
             return _FAIL, f"output lacks {self.stdout_contains!r}: {out[-120:]}"
-        if self.stdout_matches is not None and not re.search(self.stdout_matches, out, re.MULTILINE):
+        if self.stdout_matches is not None and not search(self.stdout_matches, out, multiline=True):
             return _FAIL, f"output does not match /{self.stdout_matches}/: {out[-120:]}"
         return _PASS, f"exit {result.exit_code}"
 

@@ -14,17 +14,19 @@ import dataclasses
 import functools
 import hashlib
 import json
-import re
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
 
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
+from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
 
 MAX_SPEC_BYTES = 256 * 1024
@@ -209,6 +211,7 @@ def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
         kind = "list" if isinstance(data, list) else type(data).__name__
         raise InvalidInput(f"a {what} must be a mapping at the top level, not a {kind}",
                            path=where, line=1)
+    _check_values(data, where, lines)
     if schema == "scenario.schema.json":
         err = _probe_kind_error(data, where, lines)
         if err:
@@ -241,20 +244,73 @@ def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
 
 
 def _check_regexes(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
-    """Every regex in the spec compiles (forbidden patterns and stdout_matches)."""
-    found: list[tuple[tuple[Any, ...], str]] = [
-        (("forbidden", i), rx) for i, rx in enumerate(data.get("forbidden") or [])]
+    """Every regex in the spec compiles with RE2, the linear-time engine they are matched with."""
+    found: list[tuple[tuple[Any, ...], str, bool]] = [
+        (("forbidden", i), rx, False) for i, rx in enumerate(data.get("forbidden") or [])]
     for section in ("probes", "invariants"):
         for i, probe in enumerate(data.get(section) or []):
             rx = (probe.get("command") or {}).get("stdout_matches")
             if rx is not None:
-                found.append(((section, i, "command", "stdout_matches"), rx))
-    for path, rx in found:
+                found.append(((section, i, "command", "stdout_matches"), rx, True))
+    for path, rx, multiline in found:
         try:
-            re.compile(rx)
-        except re.error as exc:
-            raise InvalidInput(f"not a valid regular expression: {exc}", path=where,
-                               line=_line_for(lines, path), field=_dotted(path)) from None
+            compile_pattern(rx, multiline=multiline)
+        except PatternError as exc:
+            raise InvalidInput(str(exc), path=where, line=_line_for(lines, path),
+                               field=_dotted(path)) from None
+
+
+def _check_urls(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
+    """http probe URLs parse; ``from: host`` ones go to the forwarded port on the loopback only."""
+    for section in ("probes", "invariants"):
+        for i, probe in enumerate(data.get(section) or []):
+            http = probe.get("http")
+            if not isinstance(http, dict):
+                continue
+            path = (section, i, "http", "url")
+
+            def bad(why: str, path: tuple[Any, ...] = path) -> InvalidInput:
+                return InvalidInput(why, path=where, line=_line_for(lines, path), field=_dotted(path))
+
+            url = urlsplit(http["url"])
+            try:
+                port = url.port
+            except ValueError:
+                raise bad("the port is not a number from 1 to 65535") from None
+            if port == 0:
+                raise bad("the port is not a number from 1 to 65535")
+            if not url.hostname:
+                raise bad("the URL has no host")
+            if http.get("from", "guest") == "host":
+                if url.scheme != "http":
+                    raise bad("from: host probes use http:// (the forwarded port speaks plain HTTP)")
+                if url.hostname not in ("localhost", "127.0.0.1"):
+                    raise bad("from: host probes reach the guest's port 80 through the forwarded "
+                              "port: the host must be localhost or 127.0.0.1")
+                if port not in (None, 80):
+                    raise bad("from: host probes can only reach port 80 (the only forwarded web port)")
+
+
+def _check_values(value: Any, where: str, lines: dict[tuple[Any, ...], int],
+                  path: tuple[Any, ...] = ()) -> None:
+    """No NaN or infinity anywhere, and no string that is not valid Unicode (a lone surrogate)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_values(key, where, lines, path)
+            _check_values(item, where, lines, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_values(item, where, lines, (*path, i))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{value} is not a finite number", path=where,
+                           line=_line_for(lines, path), field=_dotted(path) or None)
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("the text is not valid Unicode (a lone surrogate escape)",
+                               path=where, line=_line_for(lines, path),
+                               field=_dotted(path) or None) from None
 
 
 def _check_image(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
@@ -269,6 +325,7 @@ def scenario_from_text(text: str, where: str) -> Scenario:
     data, lines = parse_yaml(text, where)
     validate_document(data, lines, where)
     _check_regexes(data, where, lines)
+    _check_urls(data, where, lines)
     _check_image(data, where, lines)
     budget = Budget(**(data.get("budget") or {}))
     return Scenario(
