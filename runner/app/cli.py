@@ -31,7 +31,7 @@ from runner.app.bench import run_bench
 from runner.app.cache import entries, prune
 from runner.app.episodes import RunOptions
 from runner.app.perf import measure, render
-from runner.app.replay import replay_one
+from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import load_results, new_run_dir
 from runner.app.signals import Interrupted
@@ -49,8 +49,8 @@ from runner.backends.llama import (
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
 from runner.core.cassette import RecordMode, find_cassettes
-from runner.core.errors import InfraError, InvalidInput, ReplayMismatch, RootbenchError
-from runner.core.outcomes import AgentKind, Verdict
+from runner.core.errors import InfraError, InvalidInput, RootbenchError
+from runner.core.outcomes import AgentKind, ReplayResult, Verdict
 from runner.core.protocol import CHOICES
 from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs, select
 from runner.core.text import printable
@@ -145,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve the guest from the cassette too (no VM, no model)")
     p.add_argument("--lenient", action="store_true",
                    help="go on when a request differs from the recording")
+    p.add_argument("--allow-spec-changes", action="store_true",
+                   help="replay a cassette whose spec changed since it was recorded (from the "
+                        "recorded spec), instead of reporting it spec-changed")
     _format_arg(p)
     _vm_args(p)
 
@@ -306,27 +309,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    paths = find_cassettes(args.paths)  # raises InvalidInput when there are none
-    rows = []
-    all_same = True
+    """Replay each cassette and table the outcomes; 0 only if every one is ``same``.
+
+    One bad cassette does not stop the others: it is tabled ``unreadable``
+    with its one-line reason (also on stderr) and makes the exit 2, as bad
+    input does; any ``different``, ``mismatch`` or ``spec-changed`` makes it 1.
+    """
+    paths = find_cassettes(args.paths)  # a named path that does not exist is exit 2 at once
+    outcomes: list[ReplayOutcome] = []
     t0 = time.monotonic()
     for path in paths:
         try:
-            o = replay_one(path, offline=args.offline, lenient=args.lenient, accel=args.accel,
-                           transport=args.transport)
-            rows.append([str(path), o.scenario, o.recorded, o.replayed,
-                         "yes" if o.same else "NO", o.note[:80]])
-            all_same &= o.same
-        except ReplayMismatch as exc:
-            rows.append([str(path), "?", "?", "mismatch", "NO", str(exc)[:120]])
-            all_same = False
-    _out(render_rows(["cassette", "scenario", "recorded", "replayed", "same", "note"], rows,
-                     args.format))
+            rep = load_replayable(path)
+        except InvalidInput as exc:
+            _err(f"rootbench: {exc}")
+            outcomes.append(unreadable(path, exc))
+            continue
+        outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
+                                      allow_spec_changes=args.allow_spec_changes,
+                                      accel=args.accel, transport=args.transport))
+    rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
+             o.result.value, o.note if args.format == "json" else o.note[:120]]
+            for o in outcomes]
+    _out(render_rows(["cassette", "scenario", "recorded", "replayed", "same", "outcome", "note"],
+                     rows, args.format))
+    counts = {r: sum(o.result is r for o in outcomes) for r in ReplayResult}
     if args.format != "json":
-        same = sum(1 for r in rows if r[4] == "yes")
-        _out(f"\n{same}/{len(rows)} replayed verdicts equal the recorded ones "
-             f"({time.monotonic() - t0:.1f}s)")
-    return 0 if all_same else 1
+        others = ", ".join(f"{n} {r.value}" for r, n in counts.items()
+                           if n and r is not ReplayResult.SAME)
+        _out(f"\n{counts[ReplayResult.SAME]}/{len(outcomes)} replayed verdicts equal the recorded "
+             f"ones{f' ({others})' if others else ''} ({time.monotonic() - t0:.1f}s)")
+    if counts[ReplayResult.UNREADABLE]:
+        return 2
+    return 0 if counts[ReplayResult.SAME] == len(outcomes) else 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -1,4 +1,12 @@
-"""Replaying a cassette: the recorded model (and, offline, the recorded guest) through the real loop."""
+"""Replaying a cassette: the recorded model (and, offline, the recorded guest) through the real loop.
+
+Each cassette ends in one :class:`~runner.core.outcomes.ReplayResult`, most
+telling first: ``unreadable`` (not a valid cassette), ``spec-changed`` (the
+spec it was recorded from is no longer the same, so the recording is stale
+however it replays), ``mismatch`` (the run asked for something the cassette
+does not hold, or stopped short of it), ``different`` (it replayed to its
+end, to another verdict or other flags) and ``same``.
+"""
 
 from __future__ import annotations
 
@@ -8,48 +16,152 @@ from pathlib import Path
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette
 from runner.core.clock import Clock
-from runner.core.episode import run_episode
-from runner.core.errors import InvalidInput
-from runner.core.protocol import get_protocol
-from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel
-from runner.core.spec import scenario_from_dict
-from runner.core.text import clean_text
+from runner.core.episode import Episode, run_episode
+from runner.core.errors import InvalidInput, ReplayMismatch
+from runner.core.outcomes import ReplayResult
+from runner.core.protocol import Protocol, get_protocol
+from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel, spec_change
+from runner.core.spec import Scenario, scenario_from_dict
+from runner.core.text import one_line
 
 
 @dataclass
 class ReplayOutcome:
-    """One cassette replayed: the recorded and replayed verdicts (with flags) side by side."""
+    """One cassette replayed: the recorded and replayed verdicts (with flags) side by side.
+
+    ``replayed`` is the replayed verdict when the run reached one, else the
+    result's name (``mismatch``, ``spec-changed``, ``unreadable``), so a
+    caller that only prints ``recorded -> replayed`` still says what happened.
+    """
 
     cassette: str
     scenario: str
     recorded: str
     replayed: str
-    same: bool
+    result: ReplayResult
     note: str
     seconds: float
     turns: int
 
+    @property
+    def same(self) -> bool:
+        """The replay reproduced the recording: the only outcome a CI run may pass on."""
+        return self.result is ReplayResult.SAME
 
-def replay_one(path: Path, *, offline: bool, lenient: bool = False, accel: str = "auto",
-               transport: str = "serial") -> ReplayOutcome:
-    """Run a recorded episode again, the model (and with ``offline`` the guest) from the cassette."""
+
+@dataclass(frozen=True)
+class Replayable:
+    """A cassette checked to be replayable: complete, with a scenario and protocol this code knows."""
+
+    cassette: Cassette
+    scenario: Scenario
+    protocol: Protocol
+
+
+def load_replayable(path: Path) -> Replayable:
+    """Read ``path`` for replay; anything that makes it unreplayable is InvalidInput naming it."""
     cas = Cassette.load(path)
     if cas.verdict is None:
         raise InvalidInput("the cassette is incomplete (no verdict): it was cut short",
                            path=str(path))
-    scenario = scenario_from_dict(cas.header["scenario"])
-    protocol = get_protocol(cas.header.get("protocol", {}).get("name", "tools"))
+    try:
+        scenario = scenario_from_dict(cas.header["scenario"])
+        protocol = get_protocol(cas.header.get("protocol", {}).get("name", "tools"))
+    except InvalidInput as exc:  # raised without the file: name it, and the header's field
+        raise InvalidInput(exc.detail, path=str(path), line=1,
+                           field=f"header.{'scenario' if exc.field != '--protocol' else 'protocol'}"
+                           ) from None
+    return Replayable(cas, scenario, protocol)
+
+
+def unreadable(path: Path, exc: InvalidInput) -> ReplayOutcome:
+    """The outcome of a cassette that could not be read: its one-line reason is the note."""
+    return ReplayOutcome(str(path), "?", "?", ReplayResult.UNREADABLE.value,
+                         ReplayResult.UNREADABLE, _note(str(exc)), 0.0, 0)
+
+
+def _note(text: str) -> str:
+    """A note is one table cell: one line, terminal controls stripped."""
+    return one_line(text, 500)
+
+
+def _verdict_text(verdict: str, flags: list[str]) -> str:
+    return verdict + (f" [{','.join(flags)}]" if flags else "")
+
+
+def replay_one(path: Path, *, offline: bool, lenient: bool = False,
+               allow_spec_changes: bool = False, accel: str = "auto",
+               transport: str = "serial") -> ReplayOutcome:
+    """Run a recorded episode again, the model (and with ``offline`` the guest) from the cassette.
+
+    An unreadable cassette raises InvalidInput, as any bad input does (the
+    replay command tables it as ``unreadable`` with :func:`unreadable`).
+    """
+    return replay_loaded(load_replayable(path), offline=offline, lenient=lenient,
+                         allow_spec_changes=allow_spec_changes, accel=accel,
+                         transport=transport)
+
+
+def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
+                  allow_spec_changes: bool = False, accel: str = "auto",
+                  transport: str = "serial") -> ReplayOutcome:
+    """Replay a cassette :func:`load_replayable` accepted; see the module docstring for outcomes.
+
+    ``lenient`` serves the recorded reply to a request that differs (and
+    lets the run stop short of the recorded turns), which replaying against
+    a real VM needs. ``allow_spec_changes`` replays a cassette whose spec has
+    changed anyway, from the scenario the header recorded, saying so in the
+    note.
+    """
+    cas, scenario = rep.cassette, rep.scenario
+    path = str(cas.path)
+    rec = cas.verdict or {}
+    recorded = _verdict_text(str(rec.get("verdict", "?")), [str(f) for f in rec.get("flags") or []])
+    notes: list[str] = []
+    changed = spec_change(cas)
+    if changed is not None:
+        if not allow_spec_changes:
+            return ReplayOutcome(path, scenario.id, recorded, ReplayResult.SPEC_CHANGED.value,
+                                 ReplayResult.SPEC_CHANGED,
+                                 _note(f"{changed}; re-record it, or pass "
+                                            "--allow-spec-changes"), 0.0, 0)
+        notes.append(f"spec changed, replayed the recorded one: {changed}")
     model = ReplayModel(cas, lenient=lenient)
+    guest = ReplayGuest(cas) if offline else None
+    clock = ReplayClock(cas) if offline else None
+    try:
+        ep = _run(rep, model, guest, clock, offline=offline, accel=accel, transport=transport)
+        # A run that used fewer recorded events than the recording did is a divergence too.
+        short = [s for s in (guest.unserved() if guest else None,
+                             clock.unserved() if clock else None) if s]
+        if (left := model.unserved()) is not None:
+            if lenient:
+                notes.append(left)
+            else:
+                short.insert(0, left)
+        if short:
+            raise ReplayMismatch(short[0])
+    except ReplayMismatch as exc:
+        notes.insert(0, str(exc))
+        return ReplayOutcome(path, scenario.id, recorded, ReplayResult.MISMATCH.value,
+                             ReplayResult.MISMATCH, _note("; ".join(notes)), 0.0, model.turn)
+    replayed = _verdict_text(ep.verdict.value, [f.value for f in ep.flags])
+    result = ReplayResult.SAME if recorded == replayed else ReplayResult.DIFFERENT
+    if result is ReplayResult.DIFFERENT:
+        notes.insert(0, ep.reason)
+    notes.extend(model.mismatches)
+    return ReplayOutcome(path, scenario.id, recorded, replayed, result,
+                         _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns)
+
+
+def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
+         clock: ReplayClock | None, *, offline: bool, accel: str, transport: str) -> Episode:
+    """The episode itself: offline from the cassette's guest and clock, else on a fresh VM."""
+    cas, scenario = rep.cassette, rep.scenario
     if offline:
-        ep = run_episode(scenario, ReplayGuest(cas), model, protocol, ReplayClock(cas), None,
-                         round_=int(cas.header.get("round", 0)))
-    else:
-        with Sandbox(scenario.image, accel=accel, transport=transport) as box:
-            ep = run_episode(scenario, box.guest, model, protocol, Clock(), None,
-                             vm_killed=box.killed_externally)
-    rec = cas.verdict
-    recorded = rec.get("verdict", "?") + (f" [{','.join(rec['flags'])}]" if rec.get("flags") else "")
-    replayed = ep.verdict.value + (f" [{','.join(f.value for f in ep.flags)}]" if ep.flags else "")
-    note = ep.reason if recorded != replayed else ("; ".join(model.mismatches)[:200] or "")
-    return ReplayOutcome(str(path), scenario.id, recorded, replayed, recorded == replayed,
-                         clean_text(note), ep.seconds, ep.turns)
+        assert guest is not None and clock is not None
+        return run_episode(scenario, guest, model, rep.protocol, clock, None,
+                           round_=int(cas.header.get("round", 0)))
+    with Sandbox(scenario.image, accel=accel, transport=transport) as box:
+        return run_episode(scenario, box.guest, model, rep.protocol, Clock(), None,
+                           vm_killed=box.killed_externally, round_=int(cas.header.get("round", 0)))

@@ -13,17 +13,23 @@ every mode; only where answers come from changes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import stat
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+import jsonschema
+
 from runner.core.errors import InvalidInput
 from runner.core.model import ChatRequest
+from runner.core.paths import repo_root
 
 FORMAT_VERSION = 1
+MAX_CASSETTE_BYTES = 64 * 1024 * 1024  # the longest committed cassette is well under 1 MiB
 
 # Environment variables whose values must never reach a cassette or a result.
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "ROOTBENCH_API_KEY", "LLAMA_API_KEY", "API_KEY")
@@ -111,7 +117,12 @@ class CassetteWriter:
 
 
 class Cassette:
-    """A cassette read back: the header, the verdict and the three replay streams."""
+    """A cassette read back: the header, the verdict and the three replay streams.
+
+    Only :meth:`load` makes one from a file, and it validates every line
+    against ``schema/cassette.schema.json`` and the order of the events, so
+    code that replays a cassette may index its fields without guarding each.
+    """
 
     def __init__(self, path: Path, events: list[dict[str, Any]]) -> None:
         self.path = path
@@ -127,24 +138,39 @@ class Cassette:
 
     @classmethod
     def load(cls, path: str | Path) -> Cassette:
+        """Read and validate ``path``; anything wrong with it is one InvalidInput naming the line.
+
+        The file must be a regular file of at most :data:`MAX_CASSETTE_BYTES`:
+        a FIFO or a device named ``x.jsonl`` is refused before it is opened,
+        so it can neither hang the reader nor feed it forever.
+        """
         path = Path(path)
+        where = str(path)
+        raw = _read_regular(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InvalidInput("no such cassette", path=str(path)) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"cannot read cassette: {exc}", path=str(path)) from None
-        events = []
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"not UTF-8 text (byte {exc.start})", path=where,
+                               line=raw.count(b"\n", 0, exc.start) + 1) from None
+        events: list[dict[str, Any]] = []
+        verdict_line = 0
         for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 etc. are data
             if not line.strip():
                 continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"invalid JSON: {exc.msg}", path=str(path), line=lineno) from None
-            if not isinstance(event, dict) or "type" not in event:
-                raise InvalidInput("event is not an object with a 'type'", path=str(path),
-                                   line=lineno)
+            event = _parse_event(line, where, lineno)
+            kind = event["type"]
+            if kind == "header" and events:
+                raise InvalidInput("a second header: the header is the first line only",
+                                   path=where, line=lineno, field="type")
+            if kind != "header" and not events:
+                raise InvalidInput(f"the first event is {kind!r}: a cassette starts with its "
+                                   "header", path=where, line=lineno, field="type")
+            if verdict_line:
+                raise InvalidInput(f"a {kind!r} event after the verdict (line {verdict_line}): "
+                                   "the verdict is the last line", path=where, line=lineno,
+                                   field="type")
+            if kind == "verdict":
+                verdict_line = lineno
             events.append(event)
         return cls(path, events)
 
@@ -153,13 +179,128 @@ class Cassette:
         return [e for e in self.events if e["type"] in kinds]
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file no larger than the cap.
+
+    ``stat`` comes first so a FIFO (open would block for a writer) or a
+    device such as /dev/zero (a read would never end) is refused unopened;
+    the open is non-blocking and the descriptor checked again, in case the
+    name was swapped for one of those in between.
+    """
+    where = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InvalidInput("no such cassette", path=where) from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput("not a regular file (a cassette is a .jsonl file)", path=where)
+    if st.st_size > MAX_CASSETTE_BYTES:
+        raise InvalidInput(f"larger than {MAX_CASSETTE_BYTES} bytes: not a cassette", path=where)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput("not a regular file (a cassette is a .jsonl file)", path=where)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CASSETTE_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_CASSETTE_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
+    finally:
+        os.close(fd)
+    if size > MAX_CASSETTE_BYTES:  # it grew after the stat
+        raise InvalidInput(f"larger than {MAX_CASSETTE_BYTES} bytes: not a cassette", path=where)
+    return b"".join(chunks)
+
+
+def _no_constants(name: str) -> Any:
+    """JSON has no NaN or Infinity; Python's reader accepts them unless told not to."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _parse_event(line: str, where: str, lineno: int) -> dict[str, Any]:
+    """One line as a schema-valid event, or InvalidInput naming the line and the field."""
+    try:
+        event = json.loads(line, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"invalid JSON: {exc.msg} (column {exc.colno})", path=where,
+                           line=lineno) from None
+    except ValueError as exc:  # NaN, Infinity, an integer too long to convert
+        raise InvalidInput(f"invalid JSON: {str(exc)[:120]}", path=where, line=lineno) from None
+    except RecursionError:
+        raise InvalidInput("invalid JSON: nested too deeply", path=where, line=lineno) from None
+    if not isinstance(event, dict):
+        kind = "list" if isinstance(event, list) else type(event).__name__
+        raise InvalidInput(f"an event is a JSON object, not a {kind}", path=where, line=lineno)
+    try:
+        error = jsonschema.exceptions.best_match(_validator().iter_errors(event))
+    except RecursionError:
+        raise InvalidInput("an event nested too deeply", path=where, line=lineno) from None
+    if error is not None:
+        message, field = _describe(error, event)
+        raise InvalidInput(message, path=where, line=lineno, field=field)
+    return event
+
+
+def _describe(error: jsonschema.ValidationError, event: dict[str, Any]) -> tuple[str, str]:
+    """The message and the field (``model.reply``, ``header.scenario.budget.turns``) of an error.
+
+    A missing key is named as the field itself, so the user reads which key
+    is missing where, not the object it is missing from.
+    """
+    path: list[Any] = list(error.absolute_path)
+    message = error.message
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        if missing:
+            path.append(missing[0])
+            message = "required, but missing"
+    kind = event.get("type")
+    field = _dotted(path) if path == ["type"] or not isinstance(kind, str) else _dotted([kind, *path])
+    if len(message) > 200:
+        message = message[:200] + "..."
+    return message, field or "type"
+
+
+def _dotted(path: list[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads((repo_root() / "schema" / "cassette.schema.json").read_text("utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
 def find_cassettes(paths: list[str | Path]) -> list[Path]:
-    """Expand files and directories (recursively) into ``*.jsonl`` cassettes."""
+    """Expand files and directories (recursively) into ``*.jsonl`` cassettes.
+
+    Only the names are gathered: whether each is a readable cassette is for
+    :meth:`Cassette.load` to say, one file at a time, so one bad file in a
+    folder does not hide the good ones. A path named on the command line that
+    does not exist is the user's typo, and an error at once.
+    """
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(sorted(p.rglob("*.jsonl")))
-        elif p.exists():
+            try:
+                found.extend(sorted(p.rglob("*.jsonl")))
+            except OSError as exc:
+                raise InvalidInput(f"cannot list: {exc.strerror or exc}", path=str(p)) from None
+        elif p.exists() or p.is_symlink():
             found.append(p)
         else:
             raise InvalidInput("no such file or directory", path=str(p))

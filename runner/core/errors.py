@@ -1,4 +1,4 @@
-"""The exception tree: one root, two branches the user must tell apart.
+"""The exception tree: one root, two branches the user must tell apart (and a replay's own).
 
 Every failure the harness raises falls in exactly one branch, because each
 means something different to the user:
@@ -11,6 +11,10 @@ means something different to the user:
 The third outcome, "the scenario failed", is not an exception: it is a
 :class:`~runner.core.outcomes.Verdict` (``fail``, or ``invalid-scenario``
 when the scenario's own fault did not land).
+
+``ReplayMismatch`` stands apart too: a replayed run diverged from its
+cassette. That is neither bad input nor broken machinery, and never a
+verdict: the replayer reports it as the outcome ``mismatch``.
 
 ``ContextExhausted`` stands apart: the model's own conversation outgrew its
 context window. Nothing broke; the agent simply cannot go on, so its run ends
@@ -82,5 +86,14 @@ class ContextExhausted(RootbenchError):
         self.attempts: list[dict[str, Any]] = list(attempts or [])
 
 
-class ReplayMismatch(InfraError):
-    """A replayed run asked for something the cassette does not hold."""
+class ReplayMismatch(RootbenchError):
+    """A replayed run asked for something the cassette does not hold: the run diverged.
+
+    Not an ``InfraError``, on purpose: nothing broke, the code or the
+    cassette changed. Were it an ``InfraError``, ``run_episode`` would turn
+    it into verdict ``infra-error``, and a cassette recorded as
+    ``infra-error`` would then replay as "same" however far the run strayed.
+    It passes through ``run_episode`` untouched, and the replayer reports it
+    as its own outcome (``mismatch``), naming the turn or guest exchange and
+    the first field that differs.
+    """

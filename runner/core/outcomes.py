@@ -93,3 +93,21 @@ class ProbeOutcome(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class ReplayResult(str, Enum):
+    """How replaying one cassette ended; not a verdict, but whether the recording still holds.
+
+    A run that diverges from its cassette is ``mismatch``, never a verdict:
+    were it ``infra-error``, a cassette recorded as ``infra-error`` would
+    replay as ``same`` whatever had changed.
+    """
+
+    SAME = "same"  # the replayed verdict and flags equal the recorded ones
+    DIFFERENT = "different"  # the run replayed to its end, to another verdict or other flags
+    MISMATCH = "mismatch"  # the run asked for what the cassette does not hold: it diverged
+    SPEC_CHANGED = "spec-changed"  # the scenario's spec file changed (or is gone) since recording
+    UNREADABLE = "unreadable"  # not a valid cassette
+
+    def __str__(self) -> str:
+        return self.value

@@ -1,36 +1,66 @@
 """Replay: a recorded cassette served back as the model, the guest and the clock.
 
 Each of the three streams is served in order. A call that differs from the
-recording is a :class:`~runner.core.errors.ReplayMismatch` naming where.
+recording is a :class:`~runner.core.errors.ReplayMismatch` naming where, and
+so is a run that ends with recorded events left unserved: either way the run
+diverged from the one recorded. :func:`spec_change` says whether the spec the
+cassette was recorded from has changed since, which makes the recording stale
+however faithfully it replays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from runner.core.cassette import Cassette, CassetteWriter, first_difference, request_record
 from runner.core.clock import Clock
-from runner.core.errors import ContextExhausted, GuestDown, ModelServerError, ReplayMismatch
+from runner.core.errors import (
+    ContextExhausted,
+    GuestDown,
+    InvalidInput,
+    ModelServerError,
+    ReplayMismatch,
+)
 from runner.core.guest import CommandResult, Guest, HttpResult
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
+from runner.core.spec import default_specs, parse_yaml, read_text, spec_files
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class _Stream:
-    def __init__(self, events: list[dict[str, Any]], what: str) -> None:
-        self._events: Iterator[dict[str, Any]] = iter(events)
+    """One kind of recorded event, served in order; what is left at the end is a divergence too."""
+
+    def __init__(self, events: list[dict[str, Any]], what: str,
+                 describe: Callable[[dict[str, Any]], str]) -> None:
+        self._events = events
         self.what = what
         self.served = 0
+        self._describe = describe
 
     def next(self, wanted: str) -> dict[str, Any]:
-        try:
-            event = next(self._events)
-        except StopIteration:
+        if self.served >= len(self._events):
             raise ReplayMismatch(f"the cassette has no more {self.what} events "
-                                 f"(after {self.served}); the run wanted {wanted}") from None
+                                 f"(after {self.served}); the run wanted {wanted}")
+        event = self._events[self.served]
         self.served += 1
         return event
+
+    def unserved(self) -> str | None:
+        """Why the run stopped short of the recording, or None when it used every event."""
+        left = len(self._events) - self.served
+        if left <= 0:
+            return None
+        first = self._describe(self._events[self.served])
+        return (f"{self.what} event {self.served + 1}: the run ended, the cassette has "
+                f"{left} more (the next: {first})")
 
 
 class ReplayClock(Clock):
@@ -38,7 +68,7 @@ class ReplayClock(Clock):
 
     def __init__(self, cassette: Cassette, writer: CassetteWriter | None = None) -> None:
         super().__init__(writer)
-        self._stream = _Stream(cassette.stream("clock"), "clock")
+        self._stream = _Stream(cassette.stream("clock"), "clock", lambda e: f"t={e.get('t')}")
 
     def now(self) -> float:
         t = float(self._stream.next("a clock reading")["t"])
@@ -49,6 +79,10 @@ class ReplayClock(Clock):
     def sleep(self, seconds: float) -> None:
         return None
 
+    def unserved(self) -> str | None:
+        """Clock readings the run never asked for, as a mismatch message (None if none)."""
+        return self._stream.unserved()
+
 
 class ReplayModel(Model):
     """Serves recorded replies; a request that differs from the recording is an error.
@@ -58,7 +92,8 @@ class ReplayModel(Model):
     """
 
     def __init__(self, cassette: Cassette, lenient: bool = False) -> None:
-        self._stream = _Stream(cassette.stream("model"), "model")
+        self._stream = _Stream(cassette.stream("model"), "model",
+                               lambda e: f"the reply to turn {e.get('turn')}")
         self._lenient = lenient
         fp = cassette.header.get("model", {})
         self._fingerprint = fp
@@ -92,6 +127,10 @@ class ReplayModel(Model):
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
 
+    def unserved(self) -> str | None:
+        """Recorded turns the run never asked for, as a mismatch message (None if none)."""
+        return self._stream.unserved()
+
 
 def _served(given: dict[str, Any]) -> dict[str, Any]:
     """The part of a guest call that decides its answer (not its timeout or output cap)."""
@@ -106,16 +145,24 @@ class ReplayGuest(Guest):
     """Serves recorded guest exchanges, in order, checking each call matches."""
 
     def __init__(self, cassette: Cassette) -> None:
-        self._stream = _Stream(cassette.stream("guest"), "guest")
+        self._stream = _Stream(cassette.stream("guest"), "guest",
+                               lambda e: f"{e.get('op')} {_short(e.get('input'))}")
 
     def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
-        event = self._stream.next(f"{op} {given}")
+        event = self._stream.next(f"{op} {_short(_served(given))}")
         # A changed timeout or cap does not change what was served; a changed command does.
         recorded_op = _OLD_OPS.get(event.get("op"), event.get("op"))
-        if recorded_op != op or _served(event.get("input") or {}) != _served(given):
+        where = f"guest exchange {self._stream.served}"
+        if recorded_op != op:
             raise ReplayMismatch(
-                f"guest exchange {self._stream.served}: the run wanted {op} {given!r}, "
-                f"the cassette has {event.get('op')} {event.get('input')!r}")
+                f"{where}: op: the run wanted {op} {_short(_served(given))}, the cassette has "
+                f"{event.get('op')} {_short(_served(event.get('input') or {}))}")
+        now, then = _served(given), _served(event.get("input") or {})
+        for key in sorted(now.keys() | then.keys()):
+            if now.get(key) != then.get(key):
+                raise ReplayMismatch(
+                    f"{where} ({op}): input.{key}: the run wanted {_short(now.get(key))}, "
+                    f"the cassette has {_short(then.get(key))}")
         result = event["result"]
         if result.get("error") == "guest-down":
             raise GuestDown(str(result.get("message", "guest down (recorded)")))
@@ -134,3 +181,59 @@ class ReplayGuest(Guest):
 
     def alive(self) -> bool:
         return bool(self._next("alive", {})["alive"])
+
+    def unserved(self) -> str | None:
+        """Guest exchanges the run never made, as a mismatch message (None if none)."""
+        return self._stream.unserved()
+
+
+# --- has the spec changed since the recording? -----------------------------------------------
+
+def _sha256(path: Path) -> str:
+    """The spec's hash as :func:`runner.core.spec.scenario_from_text` computes it."""
+    return hashlib.sha256(read_text(path).encode()).hexdigest()
+
+
+def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
+    """The spec file under ``dirs`` whose ``id`` is ``scenario_id`` (``<id>.yaml`` is tried first)."""
+    files = [f for f in spec_files([d for d in dirs if d.is_dir()]) if f.is_file()]
+    files.sort(key=lambda f: f.stem != scenario_id)  # stable: the rest keep their order
+    for f in files:
+        try:
+            data, _lines = parse_yaml(read_text(f), str(f))
+        except InvalidInput:
+            continue  # a broken spec is not the one we look for; validate reports it
+        if isinstance(data, dict) and data.get("id") == scenario_id:
+            return f
+    return None
+
+
+def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) -> str | None:
+    """Why the spec ``cassette`` was recorded from no longer matches it, or None if it does.
+
+    The spec is the file the header names (``scenario.path``) when it exists
+    (the recording was made on this machine), else the spec with the
+    scenario's id under ``specs_dirs`` (default: the checkout's ``specs/``),
+    which is where a cassette recorded elsewhere finds it. A cassette whose
+    header records no ``spec_hash`` was not made from a spec file, and has
+    nothing to compare.
+    """
+    scenario = cassette.header.get("scenario") or {}
+    recorded = cassette.header.get("spec_hash") or scenario.get("spec_hash")
+    if not recorded:
+        return None
+    scenario_id = str(scenario.get("id", ""))
+    named = Path(scenario["path"]) if scenario.get("path") else None
+    dirs = list(specs_dirs) if specs_dirs is not None else default_specs()
+    spec = named if named is not None and named.is_file() else _spec_by_id(scenario_id, dirs)
+    if spec is None:
+        where = ", ".join(str(d) for d in dirs)
+        gone = f"no {named}, and " if named is not None else ""
+        return f"the spec of {scenario_id!r} is gone ({gone}no spec with that id under {where})"
+    try:
+        now = _sha256(spec)
+    except InvalidInput as exc:
+        return f"the spec {spec} cannot be read any more: {exc.detail}"
+    if now != recorded:
+        return f"{spec} changed since the recording (sha256 {recorded[:12]} -> {now[:12]})"
+    return None

@@ -1,0 +1,452 @@
+"""Replay you can trust: each cassette ends same, different, mismatch, spec-changed or unreadable.
+
+No VM and no model: every cassette here is a committed one, copied and
+edited, or one recorded from fakes (a replayed guest, a model server that
+fails). What is checked is what CI relies on: a replay that diverges is never
+"same", an edited spec is noticed, and a bad file is one line naming where,
+never a traceback, a hang or a crash of the whole command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner.app.cli import main
+from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.clock import Clock
+from runner.core.episode import run_episode
+from runner.core.errors import InfraError, InvalidInput, ModelServerError, ReplayMismatch
+from runner.core.model import ChatRequest, Model, ModelReply
+from runner.core.outcomes import ReplayResult
+from runner.core.paths import repo_root
+from runner.core.protocol import get_protocol
+from runner.core.recording import RecordingGuest, RecordingModel
+from runner.core.replay import ReplayGuest, spec_change
+from runner.core.spec import scenario_from_dict
+
+ROOT = repo_root()
+ORACLE = ROOT / "recordings" / "oracle" / "cpu-hog.jsonl"
+LIVE = ROOT / "recordings" / "live" / "qwen2.5-coder-0.5b-json" / "permission-403.r0.jsonl"
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write(path: Path, events: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def _replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``rootbench -q replay --offline ARGS`` in this process: exit code, stdout, stderr."""
+    code = main(["-q", "replay", "--offline", *args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def _row(out: str, cassette: Path) -> list[str]:
+    """The table row of ``cassette``, as its cells."""
+    rows = [ln for ln in out.splitlines() if ln.startswith(f"| {cassette} ")]
+    assert len(rows) == 1, out
+    return [c.strip() for c in rows[0].strip("|").split("|")]
+
+
+def test_replay_mismatch_is_not_infra_error() -> None:
+    # run_episode turns every InfraError into a verdict; a divergence must get past it.
+    assert not issubclass(ReplayMismatch, InfraError)
+
+
+# --- mismatch: a run that diverged is never "same" ----------------------------------------
+
+class _BrokenServer(Model):
+    """A model server that answers every request with HTTP 500."""
+
+    name = "broken"
+
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        raise ModelServerError("HTTP 500 from the model server")
+
+
+def _record_infra_error(path: Path) -> Path:
+    """Record a real infra-error run: the oracle cassette's guest, a model server that fails."""
+    source = Cassette.load(ORACLE)
+    scenario = scenario_from_dict(source.header["scenario"])
+    model = _BrokenServer()
+    with CassetteWriter(path) as writer:
+        writer.write({**source.header, "model": model.fingerprint(), "agent": "model",
+                      "protocol": {"name": "tools", "reason": "test"}})
+        ep = run_episode(scenario, RecordingGuest(ReplayGuest(source), writer),
+                         RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer)
+    assert ep.verdict == "infra-error", ep.reason
+    return path
+
+
+def test_an_infra_error_cassette_whose_task_changed_is_a_mismatch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cassette = _record_infra_error(tmp_path / "infra.jsonl")
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 0 and _row(out, cassette)[2:6] == ["infra-error", "infra-error", "yes", "same"]
+
+    events = _events(cassette)
+    events[0]["scenario"]["task"] = "An edited task text."
+    _write(cassette, events)
+    code, out, _err = _replay(capsys, str(cassette))
+    # Before, the divergence itself became the verdict infra-error, and so "same", exit 0.
+    assert code == 1, out
+    row = _row(out, cassette)
+    assert row[3:6] == ["mismatch", "NO", "mismatch"], row
+    assert "turn 1" in row[6] and "message 1 (user) differs" in row[6], row
+
+
+def test_a_guest_mismatch_names_the_exchange_and_the_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = _events(ORACLE)
+    setup = events[0]["scenario"]["setup"]
+    setup[0] = setup[0] + " # edited"
+    cassette = _write(tmp_path / "c.jsonl", events)
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 1
+    note = _row(out, cassette)[6]
+    assert note.startswith("guest exchange ") and "(clean): input.command: " in note, note
+
+
+def test_a_run_that_stops_short_of_the_recording_is_a_mismatch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One more recorded clock reading than the run asks for: the run did not do what was recorded.
+    events = _events(ORACLE)
+    events.insert(-1, {"type": "clock", "t": 999.0})
+    cassette = _write(tmp_path / "c.jsonl", events)
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 1
+    row = _row(out, cassette)
+    assert row[5] == "mismatch" and "the cassette has 1 more (the next: t=999.0)" in row[6], row
+
+
+def test_a_different_verdict_is_different(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    events = _events(ORACLE)
+    events[-1]["verdict"] = "fail"
+    cassette = _write(tmp_path / "c.jsonl", events)
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 1 and _row(out, cassette)[2:6] == ["fail", "pass", "NO", "different"]
+
+
+# --- spec-changed: an edited spec makes the recording stale ---------------------------------
+
+def _copy_with_spec(tmp_path: Path) -> tuple[Path, Path]:
+    """The cpu-hog oracle cassette and its spec, copied; the cassette names the copied spec."""
+    spec = tmp_path / "specs" / "cpu-hog.yaml"
+    spec.parent.mkdir()
+    shutil.copy(ROOT / "specs" / "cpu-hog.yaml", spec)
+    events = _events(ORACLE)
+    events[0]["scenario"]["path"] = str(spec)
+    return _write(tmp_path / "cassettes" / "cpu-hog.jsonl", events), spec
+
+
+def test_an_edited_spec_is_spec_changed_unless_allowed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cassette, spec = _copy_with_spec(tmp_path)
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 0 and _row(out, cassette)[5] == "same"
+
+    spec.write_text(spec.read_text() + "# an edit\n")
+    code, out, _err = _replay(capsys, str(cassette))
+    row = _row(out, cassette)
+    assert code == 1 and row[3:6] == ["spec-changed", "NO", "spec-changed"], row
+    assert f"{spec} changed since the recording" in row[6], row
+
+    code, out, _err = _replay(capsys, "--allow-spec-changes", str(cassette))
+    row = _row(out, cassette)
+    assert code == 0 and row[2:6] == ["pass", "pass", "yes", "same"], row
+    assert "spec changed" in row[6], row
+
+
+def test_a_deleted_spec_is_spec_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cassette, spec = _copy_with_spec(tmp_path)
+    events = _events(cassette)
+    events[0]["scenario"]["id"] = "no-such-scenario"  # so the checkout's specs/ has none either
+    _write(cassette, events)
+    assert _replay(capsys, str(cassette))[0] == 0
+    spec.unlink()
+    code, out, _err = _replay(capsys, str(cassette))
+    row = _row(out, cassette)
+    assert code == 1 and row[5] == "spec-changed" and "is gone" in row[6], row
+
+
+def test_a_spec_is_found_by_id_when_the_recorded_path_is_elsewhere(tmp_path: Path) -> None:
+    # A cassette recorded in another checkout names a path that is not here: specs/ by id is.
+    events = _events(ORACLE)
+    events[0]["scenario"]["path"] = "/elsewhere/rootbench/specs/cpu-hog.yaml"
+    cas = Cassette.load(_write(tmp_path / "c.jsonl", events))
+    assert spec_change(cas) is None
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "renamed.yaml").write_text((ROOT / "specs" / "cpu-hog.yaml").read_text() + "# edit\n")
+    assert "renamed.yaml changed since the recording" in (spec_change(cas, [specs]) or "")
+    (specs / "renamed.yaml").unlink()
+    assert "is gone" in (spec_change(cas, [specs]) or "")
+
+
+# --- unreadable: one line naming the file, the line and the field ------------------------------
+
+def _header_round(events: list[dict[str, Any]]) -> int:
+    events[0]["round"] = "abc"
+    return 1
+
+
+def _budget_turns(events: list[dict[str, Any]]) -> int:
+    events[0]["scenario"]["budget"]["turns"] = "ten"
+    return 1
+
+
+def _verdict_turns(events: list[dict[str, Any]]) -> int:
+    events[-1]["turns"] = "ten"
+    return len(events)
+
+
+def _clock_t(events: list[dict[str, Any]]) -> int:
+    i = next(i for i, e in enumerate(events) if e["type"] == "clock")
+    events[i]["t"] = "abc"
+    return i + 1
+
+
+def _no_reply(events: list[dict[str, Any]]) -> int:
+    i = next(i for i, e in enumerate(events) if e["type"] == "model")
+    del events[i]["reply"]
+    return i + 1
+
+
+def _no_scenario(events: list[dict[str, Any]]) -> int:
+    del events[0]["scenario"]
+    return 1
+
+
+def _guest_op(events: list[dict[str, Any]]) -> int:
+    i = next(i for i, e in enumerate(events) if e["type"] == "guest")
+    events[i]["op"] = "format-disk"
+    return i + 1
+
+
+@pytest.mark.parametrize("damage,field", [
+    (_header_round, "header.round"),
+    (_budget_turns, "header.scenario.budget.turns"),
+    (_verdict_turns, "verdict.turns"),
+    (_clock_t, "clock.t"),
+    (_no_reply, "model.reply"),
+    (_no_scenario, "header.scenario"),
+    (_guest_op, "guest.op"),
+])
+def test_a_wrong_type_is_one_line_naming_file_line_and_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any, field: str) -> None:
+    events = _events(LIVE)
+    line = damage(events)
+    cassette = _write(tmp_path / "bad.jsonl", events)
+    code, out, err = _replay(capsys, str(cassette))
+    assert code == 2, out + err
+    said = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(said) == 1 and said[0].startswith(f"rootbench: {cassette}:{line}: {field}: "), err
+    assert _row(out, cassette)[5] == "unreadable"
+    with pytest.raises(InvalidInput) as info:
+        Cassette.load(cassette)
+    assert (info.value.path, info.value.line, info.value.field) == (str(cassette), line, field)
+
+
+@pytest.mark.parametrize("text,line,fragment", [
+    ('{"type": "clock", "t": 1.0}\n', 1, "a cassette starts with its header"),
+    ("HEADER\nHEADER\n", 2, "a second header"),
+    ('HEADER\n{"type": "clock", "t": NaN}\n', 2, "NaN is not a JSON value"),
+    ('HEADER\n' + "[" * 100_000 + "\n", 2, "invalid JSON"),
+    ('HEADER\n{"type": "clock", "t": 1}\n\n{"type": "clock", "t": 2', 4, "invalid JSON"),
+])
+def test_bad_structure_names_the_line(tmp_path: Path, text: str, line: int, fragment: str) -> None:
+    header = json.dumps(_events(ORACLE)[0])
+    path = tmp_path / "c.jsonl"
+    path.write_text(text.replace("HEADER", header))
+    with pytest.raises(InvalidInput, match=fragment) as info:
+        Cassette.load(path)
+    assert info.value.line == line
+
+
+def test_events_after_the_verdict_are_refused(tmp_path: Path) -> None:
+    events = _events(ORACLE)
+    cassette = _write(tmp_path / "c.jsonl", [*events, {"type": "clock", "t": 1.0}])
+    with pytest.raises(InvalidInput, match="after the verdict") as info:
+        Cassette.load(cassette)
+    assert info.value.line == len(events) + 1
+
+
+def test_every_committed_cassette_is_valid() -> None:
+    found = sorted((ROOT / "recordings").rglob("*.jsonl"))
+    assert len(found) >= 35
+    for path in found:
+        assert Cassette.load(path).verdict is not None, path
+
+
+# --- files that are not cassettes at all -------------------------------------------------
+
+def _rb(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real command in a child, so a hang is a timeout here and not a stuck test run."""
+    return subprocess.run([sys.executable, "-m", "runner", "-q", "replay", "--offline", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "x.jsonl"
+    os.mkfifo(fifo)
+    r = _rb(str(fifo))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"rootbench: {fifo}: not a regular file" in r.stderr
+
+
+def test_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+    link = tmp_path / "zero.jsonl"
+    link.symlink_to("/dev/zero")
+    for path in ("/dev/zero", str(link)):
+        r = _rb(path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert f"rootbench: {path}: not a regular file" in r.stderr
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import runner.core.cassette as cassette_module
+
+    monkeypatch.setattr(cassette_module, "MAX_CASSETTE_BYTES", 1000)
+    with pytest.raises(InvalidInput, match="larger than 1000 bytes"):
+        Cassette.load(ORACLE)
+
+
+def test_a_folder_with_one_bad_file_replays_the_good_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "recordings"
+    good = [folder / "a" / ORACLE.name, folder / "b" / LIVE.name]
+    for src, dst in zip((ORACLE, LIVE), good, strict=True):
+        dst.parent.mkdir(parents=True)
+        shutil.copy(src, dst)
+    bad = folder / "b" / "bad.jsonl"
+    bad.write_text("this is not JSON\n")
+    fifo = folder / "fifo.jsonl"
+    os.mkfifo(fifo)
+    done: list[tuple[int, str, str]] = []
+    worker = threading.Thread(target=lambda: done.append(_replay(capsys, str(folder))), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done, "the replay of a folder holding a FIFO did not finish"
+    code, out, err = done[0]
+    assert code == 2, out + err
+    for path in good:
+        assert _row(out, path)[4:6] == ["yes", "same"]
+    assert _row(out, bad)[5] == "unreadable" and _row(out, fifo)[5] == "unreadable"
+    said = sorted(ln for ln in err.splitlines() if ln.startswith("rootbench: "))
+    assert said == [f"rootbench: {bad}:1: invalid JSON: Expecting value (column 1)",
+                    f"rootbench: {fifo}: not a regular file (a cassette is a .jsonl file)"], err
+    assert "2/4 replayed verdicts equal the recorded ones (2 unreadable)" in out
+
+
+def test_a_missing_path_on_the_command_line_is_exit_2_at_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _replay(capsys, "no/such/cassette.jsonl")
+    assert code == 2 and not out and "no/such/cassette.jsonl: no such file" in err
+
+
+def test_the_committed_recordings_all_replay_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _err = _replay(capsys, str(ROOT / "recordings"))
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ".jsonl" in ln]
+    assert code == 0 and len(rows) >= 35
+    assert all(f"| {ReplayResult.SAME.value} " in row for row in rows)
+
+
+# --- the reader never fails any other way -------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=20)
+_TEMPLATES = [e for e in _events(LIVE) if e["type"] != "verdict"][:40] + [_events(LIVE)[-1]]
+
+
+@st.composite
+def _damaged_event(draw: st.DrawFn) -> str:
+    """A real event with one value, anywhere in it, swapped for arbitrary JSON."""
+    event = json.loads(json.dumps(draw(st.sampled_from(_TEMPLATES))))
+    node: Any = event
+    while isinstance(node, dict | list) and node:
+        key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node))))
+        if draw(st.booleans()) or not isinstance(node[key], dict | list) or not node[key]:
+            node[key] = draw(_json)
+            break
+        node = node[key]
+    return json.dumps(event)
+
+
+_lines = st.one_of(
+    st.text(max_size=60),
+    _json.map(json.dumps),
+    st.dictionaries(st.sampled_from(["type", "t", "op", "turn", "reply", "format", "scenario"]),
+                    _json, max_size=4).map(json.dumps),
+    _damaged_event(),
+)
+
+
+@settings(max_examples=300, deadline=2000,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(header=st.booleans(), lines=st.lists(_lines, max_size=8), raw=st.binary(max_size=40))
+def test_the_reader_ends_in_a_cassette_or_invalid_input(
+        tmp_path: Path, header: bool, lines: list[str], raw: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    head = [json.dumps(_events(LIVE)[0])] if header else []
+    path.write_bytes("\n".join(head + lines).encode("utf-8", "surrogatepass") + b"\n" + raw)
+    try:
+        cas = Cassette.load(path)
+    except InvalidInput as exc:
+        assert exc.path == str(path) and "\n" not in str(exc)
+    else:
+        assert cas.header["type"] == "header"
+
+
+@st.composite
+def _damaged_cassette(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A committed cassette with one value, anywhere in one event, swapped for arbitrary JSON."""
+    events = json.loads(json.dumps(draw(st.sampled_from(_COMMITTED))))
+    node: Any = draw(st.sampled_from(events))
+    while isinstance(node, dict | list) and node:
+        key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node))))
+        if draw(st.booleans()) or not isinstance(node[key], dict | list) or not node[key]:
+            node[key] = draw(_json)
+            break
+        node = node[key]
+    return events
+
+
+_COMMITTED = [_events(ORACLE), _events(LIVE)]
+
+
+@settings(max_examples=100, deadline=5000,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(events=_damaged_cassette())
+def test_a_damaged_cassette_replays_to_an_outcome_or_invalid_input(
+        tmp_path: Path, events: list[dict[str, Any]]) -> None:
+    from runner.app.replay import load_replayable, replay_loaded
+
+    path = _write(tmp_path / "fuzz.jsonl", events)
+    try:
+        rep = load_replayable(path)
+    except InvalidInput as exc:
+        assert exc.path == str(path) and "\n" not in str(exc)
+        return
+    outcome = replay_loaded(rep, offline=True)
+    assert outcome.result in ReplayResult and "\n" not in outcome.note
