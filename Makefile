@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RB     := $(PY) -m runner
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
-                python3-venv g++ cmake ninja-build
+                python3-venv g++ cmake ninja-build chromium chromium-driver
 ARGS ?=
 
 .PHONY: setup test test-fast bench replay verify perf reliability lint image doctor clean
