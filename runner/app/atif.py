@@ -1,0 +1,204 @@
+"""Runs exported as ATIF, the Agent Trajectory Interchange Format of the Harbor project.
+
+The format is Harbor's RFC 0001 (``docs/rfcs/0001-trajectory-format.md`` in
+laude-institute/harbor), version **ATIF-v1.4**, the version of the text this
+was written from. One ``trajectory.json`` per episode:
+
+- root: ``schema_version``, ``session_id``, ``agent`` (``name``, ``version``,
+  ``model_name``), ``steps``, ``notes``, ``final_metrics``, ``extra``;
+- step 1, ``source: system``: the system prompt; step 2, ``source: user``:
+  the task;
+- then one ``source: agent`` step per model call: ``message`` is the reply as
+  sent, ``reasoning_content`` the JSON protocol's ``thought``, ``tool_calls``
+  the commands (``run_command``) and the finish (``finish``) the harness
+  read from it, whatever the protocol (tools, json, text), ``observation``
+  the command results and protocol corrections, ``metrics`` the tokens, and
+  ``extra`` each result's exit code, duration, flags (v1.4 results have no
+  ``extra`` of their own); a model call that failed is a ``source: system``
+  step saying so;
+- the verdict, probes and flags, which ATIF has no field for, are under
+  ``extra.rootbench``.
+
+Text is what :func:`runner.app.html_report.load_trajectory` reads from the
+cassette: cleaned of terminal control sequences like everything rootbench
+writes for people. An observation is the very message the model was sent
+next when the cassette has it, else rebuilt from the
+guest's answer (``extra.results[].as_sent``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
+from runner.app.runs import atomic_write, slug
+from runner.core.cassette import digest, find_cassettes
+from runner.core.errors import InvalidInput
+
+SCHEMA_VERSION = "ATIF-v1.4"
+FORMATS = ("atif",)
+AGENT_NAME = "rootbench"
+FILE_NAME = "trajectory.json"
+
+
+def _observation_text(exit_code: int | None, timed_out: bool, output: str) -> str:
+    head = "the command timed out and was killed" if timed_out else f"exit code {exit_code}"
+    return f"{head}\n{output}" if output else f"{head}\n(no output)"
+
+
+def _agent_step(traj: Trajectory, i: int, step_id: int) -> dict[str, Any]:
+    turn = traj.turns[i]
+    following = traj.turns[i + 1] if i + 1 < len(traj.turns) else None
+    step: dict[str, Any] = {"step_id": step_id, "source": "agent", "model_name": traj.model_name,
+                            "message": turn.content}
+    if turn.thought:
+        step["reasoning_content"] = turn.thought
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    details: list[dict[str, Any]] = []  # ATIF-v1.4 results have no `extra`: the step's holds these
+    for j, cmd in enumerate(turn.commands):
+        call_id = cmd.call_id or f"turn{turn.number}-call{j + 1}"
+        arguments: dict[str, Any] = {"command": cmd.command}
+        if cmd.timeout is not None:
+            arguments["timeout"] = cmd.timeout
+        calls.append({"tool_call_id": call_id, "function_name": "run_command",
+                      "arguments": arguments})
+        last = j == len(turn.commands) - 1 and turn.last_action == "command"
+        as_sent = bool(last and following is not None and following.sent)
+        if cmd.guest_down:
+            content = f"the server stopped answering: {cmd.guest_down}"
+        elif not cmd.ran:
+            content = "(the recording ends before this command's result)"
+        else:
+            content = following.sent if as_sent and following is not None else \
+                _observation_text(cmd.exit_code, cmd.timed_out, cmd.output)
+        results.append({"source_call_id": call_id, "content": content})
+        details.append({"source_call_id": call_id, "exit_code": cmd.exit_code,
+                        "duration_s": cmd.duration, "timed_out": cmd.timed_out,
+                        "truncated": cmd.truncated, "unsafe": cmd.unsafe,
+                        "times_run": cmd.times_run, "as_sent": as_sent})
+    for j, reason in enumerate(turn.corrections):
+        last = j == len(turn.corrections) - 1 and turn.last_action == "correction"
+        as_sent = bool(last and following is not None and following.sent)
+        results.append({"content": following.sent if as_sent and following is not None
+                        else f"Error: {reason}"})
+        details.append({"protocol_correction": reason, "as_sent": as_sent})
+    if turn.finish is not None:
+        call_id = f"turn{turn.number}-finish"
+        calls.append({"tool_call_id": call_id, "function_name": "finish",
+                      "arguments": {"summary": turn.finish}})
+    if calls:
+        step["tool_calls"] = calls
+    if results:
+        step["observation"] = {"results": results}
+    if turn.prompt_tokens or turn.completion_tokens or turn.prompt_ms or turn.gen_ms:
+        step["metrics"] = {"prompt_tokens": turn.prompt_tokens,
+                           "completion_tokens": turn.completion_tokens,
+                           "cached_tokens": turn.cached_tokens,
+                           "extra": {"prompt_ms": turn.prompt_ms, "generation_ms": turn.gen_ms,
+                                     "model_seconds": turn.seconds}}
+    step["extra"] = {"turn": turn.number, "results": details}
+    return step
+
+
+def to_atif(traj: Trajectory) -> dict[str, Any]:
+    """One episode's trajectory as an ATIF-v1.4 document."""
+    header = traj.header
+    fingerprint = header.get("model") if isinstance(header.get("model"), dict) else {}
+    harness = header.get("harness") if isinstance(header.get("harness"), dict) else {}
+    protocol = header.get("protocol") if isinstance(header.get("protocol"), dict) else {}
+    steps: list[dict[str, Any]] = [
+        {"step_id": 1, "source": "system", "message": traj.system_prompt,
+         "extra": {"system_prompt": traj.system_prompt_note}},
+        {"step_id": 2, "source": "user", "message": traj.task},
+    ]
+    for i, turn in enumerate(traj.turns):
+        step_id = len(steps) + 1
+        if turn.error:
+            steps.append({"step_id": step_id, "source": "system",
+                          "message": f"the model call failed ({turn.error_kind or 'error'}): "
+                                     f"{turn.error}",
+                          "extra": {"turn": turn.number, "model_error": turn.error_kind}})
+        else:
+            steps.append(_agent_step(traj, i, step_id))
+    agent_steps = [s for s in steps if s["source"] == "agent"]
+    episode = {k: v for k, v in (traj.verdict or {}).items() if k != "type"}
+    scenario = text(traj.scenario.get("id")) or traj.path.stem
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": f"rootbench-{slug(scenario)}-r{episode.get('round', header.get('round', 0))}"
+                      f"-{digest(header)[:16]}",
+        "agent": {"name": AGENT_NAME, "version": text(harness.get("version")) or "unknown",
+                  "model_name": traj.model_name,
+                  "extra": {"agent": agent_kind(header.get("agent")), "protocol": traj.protocol,
+                            "protocol_reason": text(protocol.get("reason")),
+                            "fingerprint": fingerprint}},
+        "notes": (f"rootbench episode of scenario {scenario}: a broken Linux server the agent "
+                  "fixes through a root shell. The verdict and probe results are in "
+                  "extra.rootbench. Text is cleaned of terminal control sequences."),
+        "steps": steps,
+        "final_metrics": {
+            "total_prompt_tokens": sum(s.get("metrics", {}).get("prompt_tokens", 0)
+                                       for s in agent_steps),
+            "total_completion_tokens": sum(s.get("metrics", {}).get("completion_tokens", 0)
+                                           for s in agent_steps),
+            "total_cached_tokens": sum(s.get("metrics", {}).get("cached_tokens", 0)
+                                       for s in agent_steps),
+            "total_steps": len(steps),
+            "extra": {k: episode.get(k) for k in ("seconds", "turns", "commands", "repeats",
+                                                   "violations") if k in episode},
+        },
+        "extra": {"rootbench": {
+            "scenario": traj.scenario, "started_at": header.get("started_at"),
+            "image": header.get("image"), "options": header.get("options"),
+            "episode": episode or None, "cassette": str(traj.path),
+        }},
+    }
+
+
+def _clean(obj: Any) -> Any:
+    """Every string in ``obj`` through the same cleaner the report uses."""
+    if isinstance(obj, dict):
+        return {text(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return text(obj) if isinstance(obj, str) else obj
+
+
+def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
+    """Write ``OUT/<run>/trajectory.json`` for every cassette under ``paths``; the files written.
+
+    ``paths`` are run directories (searched for ``*.jsonl``) and cassettes.
+    Without ``out``: ``RUNDIR/atif`` for one run directory, else ``./atif``.
+    Every cassette is read before anything is written, so a bad one (one
+    line naming it) leaves nothing half exported.
+    """
+    if not paths:
+        raise InvalidInput("nothing to export: give run directories or cassettes")
+    for p in paths:
+        if not p.exists():
+            raise InvalidInput("no such file or directory", path=str(p))
+    if out is None:
+        out = paths[0] / "atif" if len(paths) == 1 and paths[0].is_dir() else Path("atif")
+    several = len(paths) > 1
+    loaded: list[tuple[str, Trajectory]] = []
+    for p in paths:
+        for cassette in find_cassettes([p]):
+            prefix = f"{slug(p.name)}-" if several and p.is_dir() else ""
+            loaded.append((prefix + slug(cassette.name.removesuffix(".jsonl")),
+                           load_trajectory(cassette)))
+    written: list[Path] = []
+    used: set[str] = set()
+    for name, traj in loaded:
+        unique, n = name, 1
+        while unique in used:
+            n += 1
+            unique = f"{name}-{n}"
+        used.add(unique)
+        target = out / unique / FILE_NAME
+        atomic_write(target, json.dumps(_clean(to_atif(traj)), indent=2, ensure_ascii=False) + "\n")
+        written.append(target)
+    return written
