@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from runner import __version__
+from runner.app import html_report
 from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import replay_one
@@ -144,6 +145,9 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
                                  round_=r)
                 episodes[(s.id, r)] = ep
                 write_results(run_dir, info, ordered())
+                report = html_report.refresh(run_dir, log)
+                if report is not None and i == 1 and attempt == 0:
+                    log.info("report (rewritten after each scenario): %s", report)
                 if record_to is not None and source is None:
                     record_to.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(cassette, record_to / cassette.name)
@@ -151,4 +155,7 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
                 log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
                          f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS else "")
         write_results(run_dir, info, ordered())
+        report = html_report.refresh(run_dir, log)
+        if report is not None:
+            log.info("report: %s", report)
     return ordered()

@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runner import __version__
-from runner.app import logs
+from runner.app import atif, html_report, logs
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cache import entries, prune
@@ -171,9 +171,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="remove builds the current inputs no longer name (old images, snapshots, models)")
     _format_arg(p)
 
-    p = sub.add_parser("report", help="print the table of a run directory")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="the table of a run directory, or an HTML report of runs")
+    p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
+                   help="run directories (side by side) and, with --html, loose cassettes")
+    p.add_argument("--html", action="store_true",
+                   help="write one self-contained HTML file (RUNDIR/report.html for one run "
+                        "directory, else ./report.html) and print its path")
+    p.add_argument("--out", metavar="FILE", help="with --html: where the report goes")
     _format_arg(p)
+
+    p = sub.add_parser("export", help="write each run's trajectory in another format")
+    p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
+                   help="run directories or cassettes (directories are searched for *.jsonl)")
+    p.add_argument("--format", choices=atif.FORMATS, default="atif",
+                   help=f"atif: Harbor's Agent Trajectory Interchange Format ({atif.SCHEMA_VERSION})")
+    p.add_argument("--out", metavar="DIR",
+                   help="where the <run>/trajectory.json files go (default RUNDIR/atif for one "
+                        "run directory, else ./atif)")
 
     p = sub.add_parser("image", help="guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
@@ -366,6 +380,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, enumerate(scenarios, 1)))
+    # The report: every noop cassette in the run directory and every oracle cassette.
+    cassettes = dict.fromkeys(p.resolve() for p in [*sorted(run_dir.glob("*.jsonl")),
+                              *(Path(v.cassette) for v in results if v.cassette)] if p.is_file())
+    report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
+    if report is not None:
+        vlog.info("report: %s", report)
     headers, rows = table_rows(results)
     _out(render_rows(headers, rows, args.format))
     bad = [v for v in results if not v.valid]
@@ -384,11 +404,46 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "results.json").is_file():
-        raise InvalidInput("not a run directory (no results.json)", path=str(run_dir))
-    _info, episodes = load_results(run_dir)
-    _out(render_table(episodes, args.format))
+    """Tables of run directories, or with --html one HTML file of runs and loose cassettes."""
+    paths = [Path(p) for p in args.paths]
+    for path in paths:
+        if not path.exists():
+            raise InvalidInput("no such file or directory", path=str(path))
+        if path.is_dir() and not (path / "results.json").is_file():
+            raise InvalidInput("not a run directory (no results.json)", path=str(path))
+    if not args.html:
+        if args.out:
+            raise InvalidInput("--out is where the HTML report goes: add --html", field="--out")
+        loose = [p for p in paths if not p.is_dir()]
+        if loose:
+            raise InvalidInput("a cassette is reported with --html (the table needs a run "
+                               "directory)", path=str(loose[0]))
+        tables = [(p, render_table(load_results(p)[1], args.format)) for p in paths]
+        if len(tables) == 1:
+            _out(tables[0][1])
+        elif args.format == "json":
+            _out(json.dumps({"runs": [{"run_dir": str(p), **json.loads(t)} for p, t in tables]},
+                            indent=2))
+        else:
+            _out("\n\n".join(f"{p}\n\n{t}" for p, t in tables))
+        return 0
+    dirs = [p for p in paths if p.is_dir()]
+    runs = [html_report.load_run_dir(p) for p in dirs]
+    runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
+    if args.out:
+        out = Path(args.out)
+    else:
+        out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+    title = "rootbench: " + (" vs ".join(p.name for p in dirs) if dirs and len(runs) == len(dirs)
+                             else ", ".join(r.label for r in runs))
+    _out(str(html_report.write(runs, out, title)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Each run's trajectory as ATIF ``trajectory.json``; prints the files written."""
+    for path in atif.export([Path(p) for p in args.paths], Path(args.out) if args.out else None):
+        _out(str(path))
     return 0
 
 
@@ -473,6 +528,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
+            "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache}
 
 

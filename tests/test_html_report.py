@@ -1,0 +1,339 @@
+"""The HTML report: written by bench, run, verify and report; read in Debian's real headless Chromium.
+
+The browser tests load the report of committed cassettes from file:// and
+check what a person sees (scenario names, verdicts, a command and its
+output), that folding works, and that the console stays clean. A cassette
+full of hostile text (script tags, event handlers, javascript: links, tag
+breakouts, ANSI and OSC escapes) must come out as text: nothing runs,
+nothing is added to the page, the title stays the report's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.app import html_report
+from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
+from runner.app.cli import main
+from runner.app.episodes import RunOptions
+from runner.app.signals import Interrupted
+from runner.core.cassette import RecordMode
+from runner.core.outcomes import AgentKind
+from runner.core.paths import repo_root
+from runner.core.spec import load_specs, select
+
+RECORDINGS = repo_root() / "recordings"
+ORACLE = RECORDINGS / "oracle"
+LIVE_JSON = RECORDINGS / "live" / "qwen2.5-coder-1.5b-json"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def _report(capsys: pytest.CaptureFixture[str], *args: str) -> Path:
+    """``rootbench report ... --html``; the path it printed."""
+    capsys.readouterr()
+    assert main(["-q", "report", *args, "--html"]) == 0
+    return Path(capsys.readouterr().out.strip())
+
+
+# --- without a browser --------------------------------------------------------------------------
+
+def _bench(run_dir: Path, ids: list[str]) -> list:  # type: ignore[type-arg]
+    scenarios = select(load_specs([repo_root() / "specs"]), ids)
+    return run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,
+                     record_to=ORACLE, record_mode=RecordMode.ONCE)
+
+
+def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import runner.app.bench as bench
+
+    real = bench._from_recording
+    calls = []
+
+    def interrupted_on_the_second(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0].id)
+        if len(calls) == 2:
+            raise Interrupted(130)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_from_recording", interrupted_on_the_second)
+    run_dir = tmp_path / "run"
+    with caplog.at_level("INFO", logger="rootbench.bench"), pytest.raises(Interrupted):
+        _bench(run_dir, ["rogue-port-80", "permission-403"])
+    page = (run_dir / "report.html").read_text()
+    assert "rogue-port-80" in page and "permission-403" not in page
+    assert f"report (rewritten after each scenario): {run_dir / 'report.html'}" in caplog.text
+
+    monkeypatch.setattr(bench, "_from_recording", real)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rootbench.bench"):
+        _bench(run_dir / "again", ["rogue-port-80", "permission-403"])
+    page = (run_dir / "again" / "report.html").read_text()
+    assert "rogue-port-80" in page and "permission-403" in page
+    assert f"report: {run_dir / 'again' / 'report.html'}" in caplog.text
+
+
+def test_report_cli_run_dirs_side_by_side_and_bad_input(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "run-a", tmp_path / "run-b"
+    _bench(a, ["rogue-port-80"])
+    _bench(b, ["rogue-port-80", "permission-403"])
+    (a / "report.html").unlink()
+    assert _report(capsys, str(a)) == a / "report.html"  # one run directory: its own report.html
+    out = tmp_path / "ab.html"
+    assert _report(capsys, str(a), str(b), "--out", str(out)) == out
+    page = out.read_text()
+    assert "<title>rootbench: run-a vs run-b</title>" in page
+    assert page.count('class="group"') == 2  # the heat map has one column group per run
+    assert main(["report", str(a), "--out", str(out)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["report", str(ORACLE / "cpu-hog.jsonl")]) == 2
+    assert "--html" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope"), "--html"]) == 2
+
+
+def test_without_matplotlib_the_report_has_no_plots_and_says_so(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    cassettes = sorted(LIVE_JSON.glob("*.jsonl"))
+    with_plots = html_report.write_cassette_report(cassettes, tmp_path / "a.html").read_text()
+    assert with_plots.count('src="data:image/svg+xml;base64,') == 3
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    page = html_report.write_cassette_report(cassettes, tmp_path / "b.html").read_text()
+    assert "matplotlib is not installed" in page and "data:image/svg+xml" not in page
+    assert "nginx-config-syntax" in page
+
+
+def test_new_episode_fields_get_columns_and_old_results_render_without(tmp_path: Path) -> None:
+    run = html_report.runs_from_cassettes([ORACLE / "rogue-port-80.jsonl"])
+    old = html_report.render(run)
+    assert ">score<" not in old and ">time to fix<" not in old
+    ep = run[0].episodes[0]
+    ep.data.update(score=0.75, hint_level=2, fixed_at=12.5, milestones=[{"name": "found it"}])
+    new = html_report.render(run)
+    for header in (">score<", ">assist<", ">time to fix<"):
+        assert header in new
+    assert ">0.75<" in new and ">12.5 s<" in new and "name=found it" in new
+
+
+def test_verify_writes_a_report_of_its_cassettes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import runner.app.cli as cli
+    from runner.app.verify import CHECKS, Verification
+
+    def verified(scenario, run_dir, **_kw):  # type: ignore[no-untyped-def]
+        # Stands in for the two real-VM episodes: the noop run's cassette lands in the run
+        # directory, the oracle's is the committed one.
+        shutil.copy(ORACLE / f"{scenario.id}.jsonl", run_dir / f"{scenario.id}.noop.jsonl")
+        return Verification(scenario.id, checks=dict.fromkeys(CHECKS, True),
+                            cassette=str(ORACLE / f"{scenario.id}.jsonl"))
+
+    monkeypatch.setattr(cli, "verify_scenario", verified)
+    monkeypatch.chdir(tmp_path)
+    assert main(["-q", "verify", str(repo_root() / "specs" / "rogue-port-80.yaml"),
+                 "--record-to", ""]) == 0
+    [report] = (tmp_path / "runs").glob("*-verify/report.html")
+    page = report.read_text()
+    assert page.count('class="episode"') == 2 and "rogue-port-80" in page
+
+
+# --- in Chromium --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's headless Chromium through its own chromedriver (Selenium Manager is never asked)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file(), \
+        "Chromium is missing: `make setup` installs chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1600"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SE_OFFLINE", "true")  # belt and braces: Selenium Manager may not download
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _load(driver, path: Path) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Open ``path`` from file:// and return what the console said while it loaded."""
+    driver.get_log("browser")  # drain what earlier pages said
+    driver.get(path.resolve().as_uri())
+    deadline = time.monotonic() + 10
+    while driver.execute_script("return document.readyState") != "complete":
+        assert time.monotonic() < deadline, "the page did not finish loading"
+        time.sleep(0.05)
+    time.sleep(0.3)  # an onerror or onload handler would have run by now
+    return driver.get_log("browser")
+
+
+def _only_local(driver) -> None:  # type: ignore[no-untyped-def]
+    """Nothing on the page points off the page: no scripts, stylesheets or remote images."""
+    from selenium.webdriver.common.by import By
+
+    assert driver.find_elements(By.TAG_NAME, "script") == []
+    assert driver.find_elements(By.CSS_SELECTOR, "link, iframe, object, embed, base, form") == []
+    for img in driver.find_elements(By.TAG_NAME, "img"):
+        assert img.get_dom_attribute("src").startswith("data:image/svg+xml;base64,")
+    for a in driver.find_elements(By.TAG_NAME, "a"):
+        assert a.get_dom_attribute("href").startswith("#run"), a.get_dom_attribute("href")
+    csp = driver.find_element(By.CSS_SELECTOR, 'meta[http-equiv="Content-Security-Policy"]')
+    policy = csp.get_dom_attribute("content")
+    assert "default-src 'none'" in policy and "script" not in policy
+
+
+@pytest.mark.browser
+def test_report_of_committed_runs_reads_and_folds_in_chromium(
+        browser, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    cassettes = [*sorted(ORACLE.glob("*.jsonl")), *sorted(LIVE_JSON.glob("*.jsonl"))]
+    page = _report(capsys, *map(str, cassettes), "--out", str(tmp_path / "report.html"))
+    logs = _load(driver, page)
+    assert driver.title == "rootbench: oracle · tools, qwen2.5-coder-1.5b · json"
+    _only_local(driver)
+    body = driver.find_element(By.TAG_NAME, "body").text
+    for seen in ("oracle · tools", "qwen2.5-coder-1.5b · json", "17 pass", "3 fail",
+                 "rogue-port-80", "permission-403", "nginx-config-syntax", "cron-undoes-fix",
+                 "fingerprint: model_sha256", "temperature=0, seed=0, max_tokens=512", "tcg"):
+        assert seen in body, seen
+    assert len(driver.find_elements(By.CSS_SELECTOR, "img[alt]")) == 3  # the three plots
+
+    # 20 episodes: every trajectory starts folded; open the oracle's rogue-port-80.
+    episode = driver.find_element(
+        By.XPATH, "//details[@class='episode'][summary[contains(., 'rogue-port-80') "
+                  "and contains(., 'oracle')]]")
+    command = episode.find_element(
+        By.XPATH, ".//pre[contains(@class, 'shell')][contains(., 'fuser -k 80/tcp')]")
+    assert episode.get_dom_attribute("open") is None and not command.is_displayed()
+    episode.find_element(By.TAG_NAME, "summary").click()
+    assert command.is_displayed() and command.text == "$ fuser -k 80/tcp"
+    output = command.find_element(By.XPATH, "following-sibling::pre[1]")
+    assert output.text.startswith("80/tcp:")  # fuser's answer: the PID it killed
+    assert "Verdict: pass" in episode.text and "all 4 probes passed" in episode.text
+
+    # A closed fold inside it: the system prompt.
+    fold = episode.find_element(By.XPATH, ".//details[summary[starts-with(., 'System prompt')]]")
+    prompt = fold.find_element(By.TAG_NAME, "pre")
+    assert not prompt.is_displayed()
+    fold.find_element(By.TAG_NAME, "summary").click()
+    assert prompt.is_displayed() and "experienced Linux system administrator" in prompt.text
+
+    shot = tmp_path / "report.png"
+    assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [e for e in logs if e["level"] in ("SEVERE", "WARNING")] == []
+    assert [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")] == []
+
+
+# --- hostile text ----------------------------------------------------------------------------------
+
+PAYLOADS = {
+    "script": "<script>document.title='PWNED';console.log('PWNED')</script>",
+    "img": "<img src=x onerror=\"document.title='PWNED';console.log('PWNED')\">",
+    "link": "<a href=\"javascript:document.title='PWNED'\" id=\"pwnlink\">click me</a>",
+    "breakout": "</pre></textarea></details></summary></td></table>"
+                "<script>console.log('PWNED')</script><details open>",
+    "svg": "\"><svg onload=\"document.title='PWNED';console.log('PWNED')\">",
+    "style": "<style>body{display:none}</style><meta http-equiv=\"refresh\" "
+             "content=\"0;url=javascript:console.log('PWNED')\"><base href=\"javascript:/\">",
+    "escapes": "\x1b[31mRED\x1b[0m \x1b]0;OSC-TITLE\x07 "
+               "\x1b]8;;javascript:console.log('PWNED')\x1b\\osc8link\x1b]8;;\x1b\\ \udc80",
+}
+
+
+def _hostile_cassette(path: Path, hostile: bool) -> Path:
+    """A committed live cassette with hostile text in every place a person reads.
+
+    With ``hostile=False`` the same places get harmless text of the same shape,
+    so the two pages must have the very same elements.
+    """
+    p = PAYLOADS if hostile else {k: f"harmless {k} text" for k in PAYLOADS}
+    everything = " ".join(p.values())
+    command = f"echo '{p['script']}'"
+    events = [json.loads(line) for line in (LIVE_JSON / "nginx-config-syntax.r0.jsonl").open()]
+    model_turns = 0
+    for e in events:
+        if e["type"] == "header":
+            e["scenario"]["task"] = f"Fix the site. {p['script']} {p['escapes']}"
+            e["scenario"]["system_prompt"] = f"You are root. {p['style']}"
+            e["model"]["build_info"] = p["svg"]
+        elif e["type"] == "model":
+            model_turns += 1
+            if model_turns == 1:
+                e["reply"]["message"]["content"] = json.dumps(
+                    {"thought": f"{p['img']} {p['escapes']}", "command": command})
+            elif model_turns == 3:
+                e["reply"]["message"]["content"] = json.dumps(
+                    {"thought": p["link"], "finish": f"{p['svg']} {p['style']}"})
+        elif e["type"] == "guest" and e["op"] == "exec":
+            if e["input"]["command"] == "systemctl status apache2 || systemctl status nginx":
+                e["input"]["command"] = command
+                e["result"]["output"] = f"{p['breakout']}\n{p['link']}\n{p['escapes']}\n"
+        elif e["type"] == "verdict":
+            e["reason"] = p["img"]
+            e["unsafe_commands"] = [command]
+            e["flags"] = ["unsafe"]
+            e["probes"][1]["detail"] = p["breakout"]
+            e["precheck"][0]["detail"] = everything
+    path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+    return path
+
+
+def _shape(driver) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    tags = ("details", "summary", "pre", "table", "tr", "td", "a", "img", "svg", "script", "style",
+            "meta", "base", "textarea", "p")
+    return {t: len(driver.find_elements(By.TAG_NAME, t)) for t in tags}
+
+
+@pytest.mark.browser
+def test_hostile_cassette_text_stays_text_in_chromium(
+        browser, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    benign = _report(capsys, str(_hostile_cassette(tmp_path / "benign.jsonl", False)),
+                     "--out", str(tmp_path / "benign.html"))
+    _load(driver, benign)
+    benign_shape = _shape(driver)
+
+    page = _report(capsys, str(_hostile_cassette(tmp_path / "hostile.jsonl", True)),
+                   "--out", str(tmp_path / "hostile.html"))
+    assert "\x1b" not in page.read_text(encoding="utf-8")
+    logs = _load(driver, page)
+    assert driver.title == "rootbench: qwen2.5-coder-1.5b · json"
+    assert not [e for e in logs if "PWNED" in e["message"]], logs
+    assert [e for e in logs if e["level"] in ("SEVERE", "WARNING")] == []  # not even a CSP refusal
+    assert _shape(driver) == benign_shape  # no element added, none closed early
+    _only_local(driver)
+    assert driver.find_elements(By.ID, "pwnlink") == []
+    assert driver.find_element(By.TAG_NAME, "body").is_displayed()
+
+    body = driver.find_element(By.TAG_NAME, "body").text
+    for shown in (PAYLOADS["script"], PAYLOADS["img"], PAYLOADS["link"].split(">")[0],
+                  "</pre></textarea></details></summary></td></table>", "<svg onload=",
+                  "<style>body{display:none}</style>"):
+        assert shown in body, shown  # visible, as text
+    assert "RED" in body and "[31m" not in body and "OSC-TITLE" not in body
+    assert "osc8link" in body and "8;;javascript" not in body
+    unsafe = driver.find_elements(By.CSS_SELECTOR, "pre.shell.unsafe")
+    assert unsafe and all(PAYLOADS["script"] in u.text for u in unsafe)
+    time.sleep(0.3)
+    assert driver.title == "rootbench: qwen2.5-coder-1.5b · json"
+    assert not [e for e in driver.get_log("browser") if "PWNED" in e["message"]]
