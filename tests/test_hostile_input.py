@@ -169,3 +169,37 @@ def test_fuzzed_spec_text_ends_in_a_scenario_or_invalid_input(tmp_path: Path, te
     from runner.core.text import printable
 
     printable(scenario.title).encode("utf-8")
+
+
+def test_catastrophic_patterns_match_in_linear_time() -> None:
+    import time
+
+    from runner.core.patterns import search
+
+    t0 = time.monotonic()
+    assert not search("(a+)+$", "a" * 33 + "!")
+    assert not search("(x+x+)+y", "x" * 5000)
+    assert time.monotonic() - t0 < 1.0  # Python's re takes minutes on the first alone
+
+
+def test_validate_checks_every_file_despite_monster_patterns(tmp_path: Path) -> None:
+    good = (repo_root() / "specs" / "rogue-port-80.yaml").read_text()
+    (tmp_path / "a-good.yaml").write_text(good)
+    monster = "(" * 5000 + "a" + ")" * 5000
+    (tmp_path / "b-huge.yaml").write_text(
+        good.replace("id: rogue-port-80", "id: b-huge")
+        .replace("forbidden:", f"forbidden:\n  - 'a{{4294967296}}'\n  - '{monster}'", 1))
+    (tmp_path / "c-lookbehind.yaml").write_text(good.replace("id: rogue-port-80", "id: c-look")
+                                                .replace("forbidden:", "forbidden:\n  - '(?<=x)y'", 1))
+    (tmp_path / "d-nan.yaml").write_text(good.replace("id: rogue-port-80", "id: d-nan") +
+                                         "budget: {seconds: .nan}\n")
+    (tmp_path / "e-port.yaml").write_text(good.replace("id: rogue-port-80", "id: e-port")
+                                          .replace("http://localhost/", "http://localhost:99999/"))
+    r = _cli("validate", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stdout + r.stderr
+    out = r.stdout
+    assert "a-good.yaml: ok" in out and "1 valid, 4 invalid" in out, out
+    assert "b-huge.yaml:" in out and "forbidden[1]" in out and "longer than 1000" in out
+    assert "c-lookbehind.yaml:" in out and "RE2" in out
+    assert "d-nan.yaml:" in out and "budget.seconds" in out and "finite" in out
+    assert "e-port.yaml:" in out and "url" in out and "65535" in out

@@ -160,16 +160,16 @@ def _copy_with_spec(tmp_path: Path) -> tuple[Path, Path]:
 def test_an_edited_spec_is_spec_changed_unless_allowed(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cassette, spec = _copy_with_spec(tmp_path)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
     assert code == 0 and _row(out, cassette)[5] == "same"
 
     spec.write_text(spec.read_text() + "# an edit\n")
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[3:6] == ["spec-changed", "NO", "spec-changed"], row
     assert f"{spec} changed since the recording" in row[6], row
 
-    code, out, _err = _replay(capsys, "--allow-spec-changes", str(cassette))
+    code, out, _err = _replay(capsys, "--allow-spec-changes", "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 0 and row[2:6] == ["pass", "pass", "yes", "same"], row
     assert "spec changed" in row[6], row
@@ -180,9 +180,9 @@ def test_a_deleted_spec_is_spec_changed(tmp_path: Path, capsys: pytest.CaptureFi
     events = _events(cassette)
     events[0]["scenario"]["id"] = "no-such-scenario"  # so the checkout's specs/ has none either
     _write(cassette, events)
-    assert _replay(capsys, str(cassette))[0] == 0
+    assert _replay(capsys, "--specs", str(spec.parent), str(cassette))[0] == 0
     spec.unlink()
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[5] == "spec-changed" and "is gone" in row[6], row
 

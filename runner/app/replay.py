@@ -91,7 +91,7 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
 
 def replay_one(path: Path, *, offline: bool, lenient: bool = False,
                allow_spec_changes: bool = False, accel: str = "auto",
-               transport: str = "serial") -> ReplayOutcome:
+               transport: str = "serial", specs: list[Path] | None = None) -> ReplayOutcome:
     """Run a recorded episode again, the model (and with ``offline`` the guest) from the cassette.
 
     An unreadable cassette raises InvalidInput, as any bad input does (the
@@ -99,26 +99,27 @@ def replay_one(path: Path, *, offline: bool, lenient: bool = False,
     """
     return replay_loaded(load_replayable(path), offline=offline, lenient=lenient,
                          allow_spec_changes=allow_spec_changes, accel=accel,
-                         transport=transport)
+                         transport=transport, specs=specs)
 
 
 def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
                   allow_spec_changes: bool = False, accel: str = "auto",
-                  transport: str = "serial") -> ReplayOutcome:
+                  transport: str = "serial", specs: list[Path] | None = None) -> ReplayOutcome:
     """Replay a cassette :func:`load_replayable` accepted; see the module docstring for outcomes.
 
     ``lenient`` serves the recorded reply to a request that differs (and
     lets the run stop short of the recorded turns), which replaying against
     a real VM needs. ``allow_spec_changes`` replays a cassette whose spec has
     changed anyway, from the scenario the header recorded, saying so in the
-    note.
+    note. ``specs`` are the folders today's specs are looked up in by id
+    (default: the checkout's ``specs/``).
     """
     cas, scenario = rep.cassette, rep.scenario
     path = str(cas.path)
     rec = cas.verdict or {}
     recorded = _verdict_text(str(rec.get("verdict", "?")), [str(f) for f in rec.get("flags") or []])
     notes: list[str] = []
-    changed = spec_change(cas)
+    changed = spec_change(cas, specs)
     if changed is not None:
         if not allow_spec_changes:
             return ReplayOutcome(path, scenario.id, recorded, ReplayResult.SPEC_CHANGED.value,

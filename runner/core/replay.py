@@ -211,10 +211,9 @@ def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
 def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) -> str | None:
     """Why the spec ``cassette`` was recorded from no longer matches it, or None if it does.
 
-    The spec is the file the header names (``scenario.path``) when it exists
-    (the recording was made on this machine), else the spec with the
-    scenario's id under ``specs_dirs`` (default: the checkout's ``specs/``),
-    which is where a cassette recorded elsewhere finds it. A cassette whose
+    The spec is the one with the scenario's id under ``specs_dirs`` (default:
+    the checkout's ``specs/``), else the file the header names
+    (``scenario.path``) if it exists, for a scenario kept outside the suite. A cassette whose
     header records no ``spec_hash`` was not made from a spec file, and has
     nothing to compare.
     """
@@ -225,7 +224,11 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
     scenario_id = str(scenario.get("id", ""))
     named = Path(scenario["path"]) if scenario.get("path") else None
     dirs = list(specs_dirs) if specs_dirs is not None else default_specs()
-    spec = named if named is not None and named.is_file() else _spec_by_id(scenario_id, dirs)
+    # The checkout being tested comes first: a recorded absolute path may name another
+    # checkout on the same machine (CI clones beside the developer's tree).
+    spec = _spec_by_id(scenario_id, dirs)
+    if spec is None and named is not None and named.is_file():
+        spec = named
     if spec is None:
         where = ", ".join(str(d) for d in dirs)
         gone = f"no {named}, and " if named is not None else ""
