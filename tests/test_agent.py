@@ -15,7 +15,7 @@ from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
-from runner.core.spec import load_spec
+from runner.core.spec import load_spec, scenario_to_dict
 
 pytestmark = pytest.mark.vm
 
@@ -25,7 +25,8 @@ def test_a_repeated_command_gets_a_note_and_is_counted(tmp_path: Path) -> None:
     agent = ScriptedModel(AgentKind.MODEL, ["systemctl is-active nginx"] * 3 + ["ss -ltn"], "gave up")
     path = tmp_path / "c.jsonl"
     with Sandbox(scenario.image, accel="tcg") as box, CassetteWriter(path) as writer:
-        writer.write({"type": "header", "format": 1, "model": agent.fingerprint()})
+        writer.write({"type": "header", "format": 1, "model": agent.fingerprint(),
+                      "scenario": scenario_to_dict(scenario)})
         ep = run_episode(scenario, RecordingGuest(box.guest, writer), RecordingModel(agent, writer),
                          get_protocol("tools"), Clock(writer), writer)
     assert (ep.commands, ep.repeats, ep.verdict) == (4, 2, "fail"), ep.reason
