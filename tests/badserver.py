@@ -29,8 +29,9 @@ class BadServer:
 
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []  # every request body, those then reset included
         self.headers: list[dict[str, str]] = []
+        self.connections = 0  # TCP connections accepted, those then reset included
         self._lock = threading.Lock()
 
     def next_behaviour(self) -> str:
@@ -42,6 +43,11 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
+
+        def setup(self) -> None:
+            with server._lock:
+                server.connections += 1
+            super().setup()
 
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(status)
@@ -56,8 +62,9 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            server.requests.append(body)
-            server.headers.append(dict(self.headers))
+            with server._lock:  # counted before any behaviour, a reset included
+                server.requests.append(body)
+                server.headers.append(dict(self.headers))
             b = server.next_behaviour()
             if b == "ok":
                 self._send(200, json.dumps(OK).encode())
@@ -90,9 +97,10 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
             elif b == "huge":
                 blob = json.dumps(completion({"role": "assistant", "content": "x" * (5 * 1024 * 1024)}))
                 self._send(200, blob.encode())
-            elif b == "reset":
+            elif b == "reset":  # RST instead of a reply: linger on, timeout 0, then close
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 self.connection.close()
+                self.close_connection = True
             else:
                 self._send(500, b"unknown behaviour")
 

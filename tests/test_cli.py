@@ -97,10 +97,31 @@ def test_replay_stops_at_a_differing_request(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout
 
 
-def test_doctor_runs() -> None:
+def test_doctor_on_this_set_up_machine_finds_no_problem() -> None:
+    # The VM and model tests need everything doctor checks, so here nothing may be missing.
     r = rb("doctor")
-    assert "qemu:" in r.stdout and "accelerator:" in r.stdout
-    assert r.returncode in (0, 1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "qemu:" in r.stdout and "accelerator:" in r.stdout and "problem:" not in r.stdout
+
+
+def test_doctor_names_a_missing_tool_and_exits_1(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    # A PATH holding every tool doctor looks for but ssh-keygen.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("qemu-system-x86_64", "qemu-img", "mmdebstrap", "mkfs.ext4", "ssh"):
+        found = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+        assert found, f"{tool} is not installed"
+        (bin_dir / tool).symlink_to(found)
+    assert not Path("/usr/sbin/ssh-keygen").exists()  # doctor's fallback place must not have it
+    r = subprocess.run([sys.executable, "-m", "runner", "doctor"], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env={**os.environ, "PATH": str(bin_dir)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    problems = [ln for ln in r.stdout.splitlines() if ln.startswith("problem:")]
+    assert problems == ["problem: ssh-keygen is not installed (run `make setup`)"], r.stdout
+    assert "qemu:" in r.stdout and "Traceback" not in r.stderr
 
 
 def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(tmp_path: Path) -> None:

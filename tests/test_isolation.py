@@ -60,10 +60,10 @@ def test_guest_cannot_reach_the_host_loopback(host_server: tuple[int, list[bytes
 
 def test_private_files_are_private() -> None:
     with Sandbox("debian-12-nginx", accel="auto", transport="ssh") as box:
-        assert box._dir is not None and box._q is not None
-        assert stat.S_IMODE(os.stat(box._dir).st_mode) == 0o700
-        assert stat.S_IMODE(os.stat(box._q.sock_dir).st_mode) == 0o700
-        assert stat.S_IMODE(os.stat(box._dir / "id_ed25519").st_mode) == 0o600
-        assert "restrict=on" in " ".join(box._q.argv)
-        forwards = [a for a in box._q.argv if "hostfwd" in a][0]
+        assert box.workdir is not None and box.socket_dir is not None
+        assert stat.S_IMODE(os.stat(box.workdir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(box.socket_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(box.workdir / "id_ed25519").st_mode) == 0o600
+        assert "restrict=on" in " ".join(box.qemu_argv)
+        [forwards] = [a for a in box.qemu_argv if "hostfwd" in a]
         assert forwards.count("hostfwd=tcp:127.0.0.1:") == 2

@@ -18,7 +18,7 @@ from runner.backends.llama import (
 from runner.backends.openai import OpenAIModel
 from runner.core.errors import InfraError
 from runner.core.model import ChatRequest
-from runner.core.protocol import BudgetLeft, JsonProtocol, RunCommand, choose_protocol
+from runner.core.protocol import BudgetLeft, Finish, JsonProtocol, RunCommand, choose_protocol
 
 MODEL = "qwen2.5-coder-0.5b"
 
@@ -50,12 +50,16 @@ def test_json_actions_parse_and_the_prompt_cache_is_reused(server: tuple[LlamaSe
     msgs = [{"role": "system", "content": p.system_prompt(None, BudgetLeft(10, 600))},
             {"role": "user", "content": "Users report the website on this server is down."}]
     first = model.complete(p.decorate(ChatRequest(messages=msgs)), 300)
-    json.loads(first.message["content"])  # the schema constrains the reply to one JSON object
+    # The JSON-schema response_format constrains each reply to one action object: a command
+    # to run or a finish, never something the protocol has to turn into a Violation.
+    assert isinstance(json.loads(first.message["content"]), dict), first.message
+    [action] = p.parse(first.message)
+    assert isinstance(action, (RunCommand, Finish)), (action, first.message)
     msgs += [{"role": "assistant", "content": first.message["content"]},
              {"role": "user", "content": "exit code 3\nnginx.service: inactive (dead)"}]
     second = model.complete(p.decorate(ChatRequest(messages=msgs)), 300)
-    action = p.parse(second.message)[0]
-    assert not isinstance(action, RunCommand) or action.command.strip()
+    [action] = p.parse(second.message)
+    assert isinstance(action, (RunCommand, Finish)), (action, second.message)
     assert second.usage["cached_tokens"] > 0
     assert second.usage["prompt_evaluated"] < second.usage["prompt_tokens"]
 

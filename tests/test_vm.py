@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,10 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import qemu_pids
 
+from runner.backends.cachedir import cache_dir
 from runner.backends.images import base_sha256
-from runner.backends.qemu import choose_accel, kvm_status
 from runner.backends.sandbox import Sandbox
 from runner.core.errors import GuestDown
+from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 
@@ -36,11 +38,70 @@ def test_restore_gives_a_ready_root_shell(image, no_new_qemu) -> None:  # type: 
         assert r.output.split() == ["running", "0"], r.output
 
 
-def test_auto_accel_falls_back_when_kvm_is_unusable() -> None:
-    usable, why = kvm_status()
-    chosen = choose_accel("auto")
-    assert chosen == ("kvm" if usable else "tcg"), why
-    assert choose_accel("tcg") == "tcg"
+# Runs inside a private mount namespace where /dev/kvm is /dev/null: it opens (so rootbench
+# believes KVM usable until a start proves otherwise) but QEMU's KVM_GET_API_VERSION ioctl fails
+# and QEMU exits at start, on any host. The verdict cache is a bind mount of the test's own
+# directory, so the real verdict is neither read nor overwritten by the test.
+_FALLBACK_CHILD = textwrap.dedent("""
+    import json, logging, sys
+    from runner.backends.qemu import kvm_status
+    from runner.backends.sandbox import Sandbox
+
+    said = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+    vm = logging.getLogger("rootbench.vm")
+    vm.setLevel(logging.INFO)
+    vm.addHandler(Keep())
+    before = kvm_status()
+    with Sandbox(sys.argv[1], accel="auto") as box:
+        r = box.guest.exec("echo answered; id -u", 20)
+        out = {"info": box.info.to_dict(), "pid": box.pid, "output": r.output,
+               "exit_code": r.exit_code}
+    out.update(before=before, after=kvm_status(), said=said)
+    print(json.dumps(out), flush=True)
+""")
+
+
+def test_auto_accel_falls_back_when_kvm_is_unusable(image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    if not Path("/dev/kvm").exists():
+        pytest.skip("this host has no /dev/kvm to make unusable (auto picks TCG without trying)")
+    verdicts = tmp_path / "hostinfo"
+    verdicts.mkdir()
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    probe = subprocess.run([*unshare, "mount", "--bind", "/dev/null", "/dev/kvm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.strip()[:200]}")
+    shell = 'mount --bind /dev/null /dev/kvm && mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    scratch = tmp_path / "t"  # the child's sockets and overlays, short enough for a socket path
+    scratch.mkdir()
+    child = subprocess.run(
+        [*unshare, "sh", "-c", shell, "sh", str(verdicts), str(cache_dir("hostinfo")),
+         sys.executable, "-c", _FALLBACK_CHILD, image.name],
+        capture_output=True, text=True, timeout=900, cwd=repo_root(),
+        env={**os.environ, "TMPDIR": str(scratch)})
+    assert child.returncode == 0, child.stdout + child.stderr
+    out = json.loads(child.stdout.splitlines()[-1])
+    # Before the start, KVM looked usable: the fallback below was forced by QEMU, not by the cache.
+    assert out["before"] == [True, "/dev/kvm opens (not yet proven by a boot)"]
+    assert out["info"]["accel"] == "tcg" and out["info"]["restored"] is True
+    assert out["exit_code"] == 0 and out["output"].split() == ["answered", "0"]
+    # Said once, in one line, with QEMU's own reason.
+    told = [m for m in out["said"] if "KVM" in m]
+    assert len(told) == 1, out["said"]
+    assert told[0].startswith("KVM unusable (QEMU exited at start") and \
+        told[0].endswith("; falling back to TCG"), told[0]
+    # The verdict was recorded, under this kernel, and is what rootbench now believes.
+    [verdict] = list(verdicts.iterdir())
+    assert verdict.name.startswith(f"kvm-{os.uname().release}-") and verdict.suffix == ".json"
+    recorded = json.loads(verdict.read_text())
+    assert recorded["usable"] is False and recorded["why"].startswith("QEMU exited at start")
+    assert out["after"] == [False, recorded["why"]]
+    # Nothing left behind: the TCG QEMU is gone and the failed KVM attempt kept no half snapshot.
+    assert out["pid"] not in qemu_pids()
+    assert not list(cache_dir("snapshots").glob(f"{image.name}-*-kvm-*.partial"))
 
 
 def test_each_run_starts_clean(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
@@ -69,14 +130,14 @@ def test_cold_boot_works_without_a_snapshot(image, no_new_qemu) -> None:  # type
 
 
 def test_teardown_on_exception_removes_everything(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
-    seen: dict[str, object] = {}
     with pytest.raises(RuntimeError), Sandbox(image.name, accel="tcg") as box:
-        seen["pid"] = box.pid
-        seen["dir"] = box._dir
-        seen["socks"] = box._q.sock_dir if box._q else None
+        pid, workdir, socks = box.pid, box.workdir, box.socket_dir
+        assert pid in qemu_pids() and workdir is not None and socks is not None
+        assert (workdir / "overlay.qcow2").is_file() and (socks / "qmp.sock").exists()
         raise RuntimeError("boom")
-    assert seen["pid"] not in qemu_pids()
-    assert not Path(str(seen["dir"])).exists() and not Path(str(seen["socks"])).exists()
+    assert pid not in qemu_pids()
+    assert not workdir.exists() and not socks.exists()
+    assert box.workdir is None and box.socket_dir is None and box.qemu_argv == ()
 
 
 def test_qemu_killed_from_outside_is_told_apart(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]

@@ -218,3 +218,18 @@ class Sandbox:
     @property
     def forwards(self) -> dict[int, int]:
         return dict(self._q.forwards) if self._q else {}
+
+    @property
+    def workdir(self) -> Path | None:
+        """This sandbox's private 0700 directory (disk overlay, QEMU log, SSH key); None once torn down."""
+        return self._dir
+
+    @property
+    def socket_dir(self) -> Path | None:
+        """The private 0700 directory of QEMU's QMP and serial sockets; None while no QEMU runs."""
+        return self._q.sock_dir if self._q else None
+
+    @property
+    def qemu_argv(self) -> tuple[str, ...]:
+        """The command line the running QEMU was started with; empty while no QEMU runs."""
+        return tuple(self._q.argv) if self._q else ()
