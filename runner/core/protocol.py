@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from runner.core.errors import InvalidInput
 from runner.core.guest import CommandResult
 from runner.core.model import ChatRequest, Model
 
@@ -308,8 +309,6 @@ CHOICES = ("auto", *PROTOCOLS)
 
 def get_protocol(name: str) -> Protocol:
     if name not in PROTOCOLS:
-        from runner.core.errors import InvalidInput
-
         raise InvalidInput(f"unknown protocol {name!r} (choose from {', '.join(CHOICES)})",
                            field="--protocol")
     return PROTOCOLS[name]()
