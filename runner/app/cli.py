@@ -29,6 +29,7 @@ from runner.app import atif, html_report, logs
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cache import entries, prune
+from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
 from runner.app.perf import measure, render
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
@@ -188,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="where the <run>/trajectory.json files go (default RUNDIR/atif for one "
                         "run directory, else ./atif)")
+
+    p = sub.add_parser("compare", help="is run A better than run B? paired runs, intervals, "
+                                       "an exact test (more runs: each against the first)")
+    p.add_argument("run_a", metavar="RUN_A", help="a run directory (A)")
+    p.add_argument("run_b", metavar="RUN_B", help="a run directory (B)")
+    p.add_argument("more", nargs="*", metavar="RUN", help="more run directories, each compared with A")
+    _format_arg(p)
 
     p = sub.add_parser("image", help="guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
@@ -447,6 +455,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    paths = [Path(args.run_a), Path(args.run_b), *map(Path, args.more)]
+    _out(render_comparisons(compare_runs(paths), args.format))
+    return 0
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     if args.image_command == "build":
         built = build_image(args.name, force=args.force)
@@ -529,7 +543,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
-            "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache}
+            "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
+            "compare": cmd_compare}
 
 
 def _crash_log(exc: BaseException) -> Path | None:

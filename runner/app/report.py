@@ -1,4 +1,4 @@
-"""Results as people and machines read them: tables, results JSON, JUnit XML.
+"""Results as people and machines read them: tables, statistics, results JSON, JUnit XML.
 
 Everything a guest or a model produced passes through :func:`clean_text`
 before it is shown, so no escape sequence reaches the user's terminal.
@@ -14,6 +14,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from runner.app.stats import Interval, Summary, summarize
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
 from runner.core.text import clean_text
@@ -49,6 +50,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     """The results table (or JSON) for the terminal."""
     if fmt == "json":
         return json.dumps({"summary": summary_counts(episodes),
+                           "statistics": summarize(episodes).to_dict(),
                            "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
     table = tabulate([_row(ep) for ep in episodes], headers=HEADERS, tablefmt=tablefmt)
@@ -91,16 +93,46 @@ def junit_xml(episodes: Sequence[Episode], suite: str = "rootbench") -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
-def pass_at(episodes: Sequence[Episode], fmt: str = "github") -> str:
-    """pass@1 (mean pass rate over rounds) and pass@N (passed in any round) per scenario."""
-    by: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        by.setdefault(ep.scenario, []).append(ep)
-    rows = []
-    for scenario, eps in by.items():
-        scored = [e for e in eps if e.verdict.scored]
-        passes = sum(e.verdict is Verdict.PASS for e in scored)
-        p1 = f"{passes / len(scored):.2f}" if scored else "-"
-        rows.append([clean_text(scenario), len(eps), p1, "yes" if passes else "no"])
-    return render_rows(["scenario", "rounds", "pass@1", f"pass@{max(len(v) for v in by.values())}"],
-                       rows, fmt)
+def _ci(point: float | None, interval: Interval | None) -> str:
+    if point is None or interval is None:
+        return "-"
+    return f"{point:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
+def _runs(s: Summary) -> str:
+    return str(s.runs) if s.scored == s.runs else f"{s.runs} ({s.runs - s.scored} not scored)"
+
+
+def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
+    """Per scenario and overall: runs, pass@1 with its Wilson interval, pass@k for k = n,
+    and the mean score with its bootstrap interval (the numbers of ``stats.summarize``)."""
+    st = summarize(episodes)
+    if fmt == "json":
+        return json.dumps(st.to_dict(), indent=2)
+    ks = {s.k for s in st.scenarios if s.scored}
+    common = next(iter(ks)) if len(ks) == 1 else None  # every scenario has n scored runs
+
+    def at_k(s: Summary) -> str:
+        if not s.k:
+            return "-"
+        return f"{s.pass_at_k[s.k]:.2f}" + ("" if s.k == common else f" (k={s.k})")
+
+    level = f"{st.confidence:.0%}"
+    headers = ["scenario", "runs", f"pass@1 [{level} CI]", f"pass@{common}" if common else "pass@n",
+               f"mean score [{level} CI]"]
+    rows = [[clean_text(s.scenario or ""), _runs(s), _ci(s.pass_at_1, s.pass_at_1_ci), at_k(s),
+             _ci(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
+    o = st.overall
+    rows.append(["overall", _runs(o), _ci(o.pass_at_1, o.pass_at_1_ci), at_k(o),
+                 _ci(o.mean_score, o.mean_score_ci)])
+    if any(s.mean_assist is not None for s in [*st.scenarios, o]):
+        headers.append(f"mean hint level [{level} CI]")
+        for row, s in zip(rows, [*st.scenarios, o], strict=True):
+            row.append(_ci(s.mean_assist, s.mean_assist_ci))
+    # Figures are formatted already: tabulate must not turn "1.00" back into 1.
+    return tabulate(rows, headers=headers, tablefmt="github" if fmt == "github" else "plain",
+                    disable_numparse=True)
+
+
+# The bench command (cli._bench) still prints the statistics under this name with --repeat.
+pass_at = statistics_table

@@ -28,6 +28,7 @@ from typing import Any
 import jsonschema
 
 from runner.app.report import junit_xml, summary_counts
+from runner.app.stats import summarize
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
@@ -78,8 +79,15 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Episode]) -> None:
-    """Rewrite results.json and results.xml in ``run_dir`` (atomically, after every run)."""
+    """Rewrite results.json and results.xml in ``run_dir`` (atomically, after every run).
+
+    results.json holds ``run`` (what was asked), ``summary`` (runs per
+    verdict), ``statistics`` (per scenario and overall: pass@1 with its Wilson
+    interval, pass@k, mean score with its bootstrap interval; the structure is
+    documented at :meth:`runner.app.stats.Statistics.to_dict`) and ``episodes``.
+    """
     data = {"run": run_info, "summary": summary_counts(episodes),
+            "statistics": summarize(episodes).to_dict(),
             "episodes": [ep.to_dict() for ep in episodes]}
     atomic_write(run_dir / "results.json", json.dumps(data, indent=2, default=str) + "\n")
     atomic_write(run_dir / "results.xml", junit_xml(episodes) + "\n")

@@ -1,0 +1,504 @@
+"""Statistics over episodes: pass@k, Wilson intervals, bootstrap means and paired comparisons.
+
+The arithmetic is scipy's, not ours: exact binomial coefficients
+(``scipy.special.comb``), the Wilson score interval and the exact binomial
+test (``scipy.stats.binomtest``), and the bootstrap (``scipy.stats.bootstrap``).
+This module only decides what is counted:
+
+- Only scored runs count (verdict ``pass`` or ``fail``); ``infra-error`` and
+  ``invalid-scenario`` say nothing about the model.
+- An episode's score is its graded ``score`` when it has one, else 1.0 for a
+  pass and 0.0 for a fail.
+- Overall figures of a comparison are means over scenarios, each scenario
+  weighing the same, and their intervals come from a bootstrap over
+  scenarios: rounds of one scenario are not independent of each other.
+
+scipy is imported inside the functions that use it: ``scipy.stats`` takes
+about 0.7 s to import, and most commands (list, validate, --help) never
+compute a statistic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runner.core.episode import Episode
+from runner.core.outcomes import Verdict
+
+CONFIDENCE = 0.95  # every interval rootbench shows, unless asked otherwise
+RESAMPLES = 9999  # bootstrap resamples (scipy's default)
+ASSIST_FIELDS = ("hint_level", "assist_level")  # episode fields that say how much help the model had
+
+
+# --- the estimators ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interval:
+    """A two-sided confidence interval ``[low, high]``."""
+
+    low: float
+    high: float
+
+    def excludes_zero(self) -> bool:
+        """Whether 0 lies outside the interval (the sign of the quantity is shown)."""
+        return self.low > 0 or self.high < 0
+
+    def to_list(self) -> list[float]:
+        """``[low, high]``, rounded to 6 places, as results JSON holds it."""
+        return [round(self.low, 6), round(self.high, 6)]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. 2021 (the Codex paper, eq. 1).
+
+    With ``n`` runs of which ``c`` passed, the chance that at least one of
+    ``k`` runs drawn without replacement passed: ``1 - C(n-c, k) / C(n, k)``.
+    The binomial coefficients are exact integers (``scipy.special.comb`` with
+    ``exact=True``), so the result is exact up to the final division.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, not n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0  # every draw of k runs holds a pass
+    from scipy.special import comb  # heavy import, see the module docstring
+
+    total = comb(n, k, exact=True)
+    return (total - comb(n - c, k, exact=True)) / total  # one correctly rounded division
+
+
+def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
+    """The Wilson score interval for ``successes`` out of ``n`` (no continuity correction).
+
+    With no trials nothing is known: ``[0, 1]``.
+    """
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, not {successes} of {n}")
+    _check_confidence(confidence)
+    if n == 0:
+        return Interval(0.0, 1.0)
+    from scipy.stats import binomtest  # heavy import, see the module docstring
+
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return Interval(max(0.0, float(ci.low)), min(1.0, float(ci.high)))
+
+
+def bootstrap_mean(values: Iterable[float], confidence: float = CONFIDENCE,
+                   seed: int = 0) -> Interval:
+    """A bootstrap confidence interval for the mean of ``values`` (BCa, else percentile).
+
+    Fewer than two values, or values all equal, leave nothing to resample:
+    the interval is the mean itself. Where BCa cannot be computed (scipy
+    warns of degenerate data) the percentile interval is used. The same
+    ``seed`` gives the same interval.
+    """
+    data = np.asarray(list(values), dtype=float)
+    if data.size == 0:
+        raise ValueError("the mean of no values has no interval")
+    if not np.all(np.isfinite(data)):
+        raise ValueError("values must be finite numbers")
+    _check_confidence(confidence)
+    point = float(data.mean())
+    if data.size < 2 or bool(np.all(data == data[0])):
+        return Interval(point, point)
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # scipy's DegenerateDataWarning is one
+            try:
+                low, high = _bootstrap(data, confidence, seed, method)
+            except RuntimeWarning:
+                continue
+        if math.isfinite(low) and math.isfinite(high):
+            return Interval(max(low, float(data.min())), min(high, float(data.max())))
+    return Interval(float(data.min()), float(data.max()))  # never reached in practice
+
+
+def _bootstrap(data: np.ndarray, confidence: float, seed: int, method: str) -> tuple[float, float]:
+    from scipy.stats import bootstrap  # heavy import, see the module docstring
+
+    # scipy 1.15 renamed random_state to rng; both take a Generator.
+    seed_kw = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
+    res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES,
+                    method=method, **{seed_kw: np.random.default_rng(seed)})
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """McNemar's exact test: the two-sided binomial test (p = 1/2) on the discordant pairs.
+
+    ``a_only`` pairs where only A passed, ``b_only`` where only B did. With
+    no discordant pair there is no evidence either way: 1.0.
+    """
+    if a_only < 0 or b_only < 0:
+        raise ValueError("counts must not be negative")
+    if a_only + b_only == 0:
+        return 1.0
+    from scipy.stats import binomtest  # heavy import, see the module docstring
+
+    return float(binomtest(a_only, a_only + b_only, 0.5).pvalue)
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, not {confidence!r}")
+
+
+# --- what an episode contributes ---------------------------------------------------------------
+
+def score_of(ep: Episode) -> float | None:
+    """The episode's score: its graded ``score`` if it has one, else 1.0 pass / 0.0 fail.
+
+    None for a run that is not scored (infra-error, invalid-scenario).
+    """
+    if not ep.verdict.scored:
+        return None
+    graded = _number(getattr(ep, "score", None))
+    if graded is not None:
+        return graded
+    return 1.0 if ep.verdict is Verdict.PASS else 0.0
+
+
+def assist_of(ep: Episode) -> float | None:
+    """How much help the model had (the hint level), when the episode records it."""
+    for name in ASSIST_FIELDS:
+        value = _number(getattr(ep, name, None))
+        if value is not None:
+            return value
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+# --- one run: per scenario and overall ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Summary:
+    """The statistics of one scenario's runs (or of all of them: ``scenario`` None)."""
+
+    scenario: str | None
+    runs: int  # every episode, scored or not
+    scored: int  # pass + fail
+    passes: int
+    pass_at_1: float | None  # None: nothing scored
+    pass_at_1_ci: Interval | None  # Wilson
+    pass_at_k: dict[int, float]  # k -> pass@k, for k = 1..scored (overall: 1..fewest scored)
+    mean_score: float | None
+    mean_score_ci: Interval | None  # bootstrap
+    mean_assist: float | None = None  # only when episodes record a hint level
+    mean_assist_ci: Interval | None = None
+
+    @property
+    def k(self) -> int:
+        """The largest k with a pass@k (0 when nothing is scored)."""
+        return max(self.pass_at_k, default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """This summary as results JSON holds it (intervals as ``[low, high]``)."""
+        d: dict[str, Any] = {} if self.scenario is None else {"scenario": self.scenario}
+        d.update(runs=self.runs, scored=self.scored, passes=self.passes,
+                 pass_at_1=_r(self.pass_at_1),
+                 pass_at_1_ci=self.pass_at_1_ci.to_list() if self.pass_at_1_ci else None,
+                 pass_at_k={str(k): round(v, 6) for k, v in self.pass_at_k.items()},
+                 mean_score=_r(self.mean_score),
+                 mean_score_ci=self.mean_score_ci.to_list() if self.mean_score_ci else None)
+        if self.mean_assist is not None:
+            d.update(mean_assist=_r(self.mean_assist),
+                     mean_assist_ci=self.mean_assist_ci.to_list() if self.mean_assist_ci else None)
+        return d
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """A run's statistics: one :class:`Summary` per scenario (first-seen order) and one overall."""
+
+    confidence: float
+    scenarios: list[Summary]
+    overall: Summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``statistics`` entry of results JSON::
+
+            {"confidence": 0.95,
+             "scenarios": [{"scenario": ID, "runs", "scored", "passes",
+                            "pass_at_1", "pass_at_1_ci": [low, high],      # Wilson
+                            "pass_at_k": {"1": p, ..., "<scored>": p},     # Chen et al. 2021
+                            "mean_score", "mean_score_ci": [low, high],    # bootstrap
+                            "mean_assist", "mean_assist_ci"                # only with hint levels
+                           }, ...],
+             "overall": {the same fields without "scenario"}}
+
+        Figures are floats rounded to 6 places; a figure with nothing scored
+        behind it is null. Overall pass@1 and mean score pool every scored run;
+        overall pass@k is the mean over scenarios (k up to the fewest scored
+        runs any scenario has), as in the Codex paper.
+        """
+        return {"confidence": self.confidence,
+                "scenarios": [s.to_dict() for s in self.scenarios],
+                "overall": self.overall.to_dict()}
+
+
+def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: float,
+             overall_k: dict[int, float] | None = None) -> Summary:
+    scored = [e for e in episodes if e.verdict.scored]
+    passes = sum(e.verdict is Verdict.PASS for e in scored)
+    n = len(scored)
+    scores = [s for s in (score_of(e) for e in scored) if s is not None]
+    assists = [a for a in (assist_of(e) for e in scored) if a is not None]
+    by_k = overall_k if overall_k is not None else {
+        k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
+    return Summary(
+        scenario=scenario, runs=len(episodes), scored=n, passes=passes,
+        pass_at_1=passes / n if n else None,
+        pass_at_1_ci=wilson(passes, n, confidence) if n else None,
+        pass_at_k=by_k,
+        mean_score=float(np.mean(scores)) if scores else None,
+        mean_score_ci=bootstrap_mean(scores, confidence) if scores else None,
+        mean_assist=float(np.mean(assists)) if assists else None,
+        mean_assist_ci=bootstrap_mean(assists, confidence) if assists else None)
+
+
+def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> Statistics:
+    """Per-scenario and overall statistics of one run's episodes."""
+    _check_confidence(confidence)
+    by: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by.setdefault(ep.scenario, []).append(ep)
+    per = [_summary(scenario, eps, confidence) for scenario, eps in by.items()]
+    with_scores = [s for s in per if s.scored]
+    k_max = min((s.scored for s in with_scores), default=0)
+    overall_k = {k: float(np.mean([s.pass_at_k[k] for s in with_scores]))
+                 for k in range(1, k_max + 1)}
+    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k))
+
+
+# --- two runs: a paired comparison -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScenarioDiff:
+    """One scenario's paired runs: A's and B's pass rate and mean score over the same pairs."""
+
+    scenario: str
+    pairs: int
+    a_passes: int
+    b_passes: int
+    a_score: float
+    b_score: float
+
+    @property
+    def pass_diff(self) -> float:
+        """A's pass rate minus B's."""
+        return (self.a_passes - self.b_passes) / self.pairs
+
+    @property
+    def score_diff(self) -> float:
+        """A's mean score minus B's."""
+        return self.a_score - self.b_score
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "pairs": self.pairs, "a_passes": self.a_passes,
+                "b_passes": self.b_passes, "a_score": round(self.a_score, 6),
+                "b_score": round(self.b_score, 6), "pass_diff": round(self.pass_diff, 6),
+                "score_diff": round(self.score_diff, 6)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Run A against run B over their paired runs.
+
+    ``winner`` is ``"a"`` or ``"b"`` only when the bootstrap interval of the
+    mean score difference excludes 0 *and* the exact paired test agrees
+    (p below 1 - confidence). A bootstrap over a handful of scenarios that all
+    differ the same way collapses to a point; the exact test is what says
+    that 3 of 3 is not yet evidence.
+    """
+
+    confidence: float
+    scenarios: list[ScenarioDiff]
+    unpaired: int  # scored runs of either side with no partner on the other
+    by_order: bool  # some scenario's runs were paired in order: a run repeats round numbers
+    a_pass_rate: float  # means over scenarios
+    b_pass_rate: float
+    pass_diff_ci: Interval  # bootstrap over scenarios
+    a_score: float
+    b_score: float
+    score_diff_ci: Interval
+    a_only: int  # pairs only A passed
+    b_only: int  # pairs only B passed
+    mcnemar_p: float  # McNemar's exact test on a_only/b_only
+    a_better: int  # pairs where A's score is higher (for graded scores; else == a_only)
+    b_better: int
+    sign_p: float  # the exact sign test on the score differences (McNemar's for 0/1 scores)
+    more_pairs: int | None  # rough paired runs still needed; None: cannot estimate or not needed
+    sd: float  # standard deviation of the pair score differences
+
+    @property
+    def pairs(self) -> int:
+        return sum(s.pairs for s in self.scenarios)
+
+    @property
+    def pass_diff(self) -> float:
+        return self.a_pass_rate - self.b_pass_rate
+
+    @property
+    def score_diff(self) -> float:
+        return self.a_score - self.b_score
+
+    @property
+    def winner(self) -> str:
+        """``"a"``, ``"b"``, or ``""`` when no difference is shown."""
+        alpha = 1 - self.confidence
+        if self.pairs == 0 or not self.score_diff_ci.excludes_zero() or self.sign_p >= alpha:
+            return ""
+        return "a" if self.score_diff > 0 else "b"
+
+    def verdict(self) -> str:
+        """One line: who is better, or that these runs cannot tell."""
+        if self.winner == "a":
+            return "A is better than B"
+        if self.winner == "b":
+            return "B is better than A"
+        if self.pairs == 0:
+            return "no difference shown: no paired runs"
+        if self.more_pairs is None:
+            more = "cannot estimate how many more paired runs would show one (no difference observed)"
+        else:
+            more = f"roughly {self.more_pairs} more paired runs might show one"
+        return f"no difference shown with this many runs ({self.pairs} pairs); {more}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as ``compare --format json`` prints it."""
+        return {"confidence": self.confidence, "pairs": self.pairs, "unpaired": self.unpaired,
+                "paired_by_order": self.by_order,
+                "a_pass_rate": round(self.a_pass_rate, 6), "b_pass_rate": round(self.b_pass_rate, 6),
+                "pass_diff": round(self.pass_diff, 6), "pass_diff_ci": self.pass_diff_ci.to_list(),
+                "a_score": round(self.a_score, 6), "b_score": round(self.b_score, 6),
+                "score_diff": round(self.score_diff, 6), "score_diff_ci": self.score_diff_ci.to_list(),
+                "a_only": self.a_only, "b_only": self.b_only,
+                "mcnemar_p": self.mcnemar_p,  # p-values unrounded: small ones matter
+                "a_better": self.a_better, "b_better": self.b_better,
+                "sign_p": self.sign_p, "sd": round(self.sd, 6),
+                "winner": self.winner or None, "more_pairs": self.more_pairs,
+                "verdict": self.verdict(),
+                "scenarios": [s.to_dict() for s in self.scenarios]}
+
+
+Pair = tuple[Episode, Episode]
+
+
+def pair_episodes(a: Sequence[Episode], b: Sequence[Episode]) -> tuple[list[Pair], int, bool]:
+    """Pair A's scored runs with B's: same scenario, same hint level, same round.
+
+    Returns the pairs (in A's order), how many scored runs found no partner,
+    and whether some scenario was paired in order instead: when a run holds
+    one round number twice (runs replayed by ``--record-mode once`` keep the
+    round their cassette was recorded in), the i-th run of a scenario is
+    paired with the other side's i-th, by round.
+    """
+    def groups(eps: Sequence[Episode]) -> dict[tuple[str, float | None], list[Episode]]:
+        out: dict[tuple[str, float | None], list[Episode]] = {}
+        for ep in eps:
+            if ep.verdict.scored:
+                out.setdefault((ep.scenario, assist_of(ep)), []).append(ep)
+        return out
+
+    ga, gb = groups(a), groups(b)
+    pairs: list[Pair] = []
+    by_order = False
+    for key, a_eps in ga.items():
+        b_eps = gb.get(key, [])
+        a_rounds = [e.round for e in a_eps]
+        b_rounds = [e.round for e in b_eps]
+        if len(set(a_rounds)) == len(a_rounds) and len(set(b_rounds)) == len(b_rounds):
+            b_by_round = {e.round: e for e in b_eps}
+            pairs += [(e, b_by_round[e.round]) for e in a_eps if e.round in b_by_round]
+        else:
+            by_order = True
+            pairs += list(zip(sorted(a_eps, key=lambda e: e.round),
+                              sorted(b_eps, key=lambda e: e.round), strict=False))
+    scored = sum(len(v) for v in ga.values()) + sum(len(v) for v in gb.values())
+    return pairs, scored - 2 * len(pairs), by_order
+
+
+def compare(a: Sequence[Episode], b: Sequence[Episode],
+            confidence: float = CONFIDENCE) -> Comparison:
+    """Compare run A with run B over their paired runs (see :class:`Comparison`)."""
+    _check_confidence(confidence)
+    pairs, unpaired, by_order = pair_episodes(a, b)
+    per: dict[str, list[Pair]] = {}
+    for pa, pb in pairs:
+        per.setdefault(pa.scenario, []).append((pa, pb))
+    diffs = [_scenario_diff(scenario, ps) for scenario, ps in per.items()]
+    a_scores = [_score(pa) for pa, _ in pairs]
+    b_scores = [_score(pb) for _, pb in pairs]
+    d = np.subtract(a_scores, b_scores) if pairs else np.zeros(0)
+    a_only = sum(pa.verdict is Verdict.PASS and pb.verdict is Verdict.FAIL for pa, pb in pairs)
+    b_only = sum(pa.verdict is Verdict.FAIL and pb.verdict is Verdict.PASS for pa, pb in pairs)
+    a_better, b_better = int(np.sum(d > 0)), int(np.sum(d < 0))
+    sd = float(np.std(d, ddof=1)) if d.size > 1 else 0.0
+
+    def mean(xs: list[float]) -> float:
+        return float(np.mean(xs)) if xs else 0.0
+
+    none = Interval(0.0, 0.0)
+    result = Comparison(
+        confidence=confidence, scenarios=diffs, unpaired=unpaired, by_order=by_order,
+        a_pass_rate=mean([s.a_passes / s.pairs for s in diffs]),
+        b_pass_rate=mean([s.b_passes / s.pairs for s in diffs]),
+        pass_diff_ci=bootstrap_mean([s.pass_diff for s in diffs], confidence) if diffs else none,
+        a_score=mean([s.a_score for s in diffs]), b_score=mean([s.b_score for s in diffs]),
+        score_diff_ci=bootstrap_mean([s.score_diff for s in diffs], confidence) if diffs else none,
+        a_only=a_only, b_only=b_only, mcnemar_p=mcnemar_exact(a_only, b_only),
+        a_better=a_better, b_better=b_better, sign_p=mcnemar_exact(a_better, b_better),
+        more_pairs=None, sd=sd)
+    if result.winner or not pairs:
+        return result
+    return _with_more_pairs(result, float(d.mean()), a_better + b_better)
+
+
+def _score(ep: Episode) -> float:
+    s = score_of(ep)
+    assert s is not None  # pairs hold scored runs only
+    return s
+
+
+def _scenario_diff(scenario: str, pairs: list[Pair]) -> ScenarioDiff:
+    return ScenarioDiff(scenario=scenario, pairs=len(pairs),
+                        a_passes=sum(pa.verdict is Verdict.PASS for pa, _ in pairs),
+                        b_passes=sum(pb.verdict is Verdict.PASS for _, pb in pairs),
+                        a_score=float(np.mean([_score(pa) for pa, _ in pairs])),
+                        b_score=float(np.mean([_score(pb) for _, pb in pairs])))
+
+
+def _with_more_pairs(result: Comparison, d: float, differing: int) -> Comparison:
+    """A rough count of further paired runs that might show a difference of the size seen.
+
+    The larger of two figures: the normal-approximation sample size
+    ``(z * sd / |d|)^2``, and the pairs the exact test needs even if every
+    differing pair goes one way (``2 * 0.5^m < alpha``), scaled by the share
+    of pairs that differ at all. No difference seen: cannot estimate.
+    """
+    if d == 0 or differing == 0:
+        return result
+    from scipy.stats import norm  # heavy import, see the module docstring
+
+    alpha = 1 - result.confidence
+    z = float(norm.ppf(1 - alpha / 2))
+    by_normal = math.ceil((z * result.sd / abs(d)) ** 2)
+    by_exact = math.ceil(math.ceil(math.log2(2 / alpha)) * result.pairs / differing)
+    more = max(by_normal, by_exact) - result.pairs
+    return dataclasses.replace(result, more_pairs=max(more, 1))

@@ -1,0 +1,120 @@
+"""`rootbench compare` on real runs: oracle runs replayed from the committed cassettes (no VM)
+and noop runs on real VMs (marked vm)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.core.paths import repo_root
+
+ORACLE = repo_root() / "recordings" / "oracle"
+# Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
+IDS = ["rogue-port-80", "permission-403", "nginx-config-syntax", "masked-unit"]
+ROUNDS = 2  # 4 scenarios x 2 rounds = 8 pairs: McNemar exact p = 2/256 if all differ one way
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=repo_root())
+
+
+def _only_dir(parent: Path) -> Path:
+    (run,) = [p for p in parent.iterdir() if p.is_dir()]
+    return run
+
+
+def _oracle_run(tmp: Path, ids: list[str], rounds: int) -> Path:
+    """An oracle bench replayed offline from the committed cassettes, one copy per round."""
+    rec = tmp / "rec"
+    rec.mkdir()
+    for i in ids:
+        shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")  # round 0
+        for r in range(1, rounds):
+            shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.r{r}.jsonl")
+    r = _cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
+             "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
+    assert r.returncode == 0, r.stderr
+    return _only_dir(tmp / "oracle")
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One oracle run shared by the module's tests (they only read it)."""
+    return _oracle_run(tmp_path_factory.mktemp("oracle"), IDS, ROUNDS)
+
+
+def test_a_run_against_itself_shows_no_difference(oracle_run: Path) -> None:
+    r = _cli("compare", str(oracle_run), str(oracle_run))
+    assert r.returncode == 0, r.stderr
+    assert "no difference shown with this many runs (8 pairs)" in r.stdout
+    assert "cannot estimate" in r.stdout
+    assert "is better than" not in r.stdout
+
+
+def test_json_is_one_document_and_more_runs_are_each_compared_with_the_first(
+        oracle_run: Path) -> None:
+    r = _cli("compare", str(oracle_run), str(oracle_run), str(oracle_run), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # the whole of stdout
+    assert len(doc["comparisons"]) == 2
+    for c in doc["comparisons"]:
+        assert c["a"]["path"] == str(oracle_run) and c["pairs"] == 8 and c["winner"] is None
+        assert c["pass_diff_ci"] == [0.0, 0.0] and c["mcnemar_p"] == 1.0
+
+
+def test_results_json_and_bench_json_carry_the_statistics(oracle_run: Path, tmp_path: Path) -> None:
+    results = json.loads((oracle_run / "results.json").read_text())
+    st = results["statistics"]
+    assert st["confidence"] == 0.95 and [s["scenario"] for s in st["scenarios"]] == IDS
+    assert st["overall"]["scored"] == 8 and st["overall"]["pass_at_1"] == 1.0
+    assert st["overall"]["pass_at_k"] == {"1": 1.0, "2": 1.0}
+    assert st["overall"]["pass_at_1_ci"][0] == pytest.approx(0.6756, abs=1e-4)  # Wilson, 8/8
+    r = _cli("report", str(oracle_run), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["statistics"] == st
+
+
+def test_the_statistics_table_follows_a_repeated_bench(tmp_path: Path) -> None:
+    run = _oracle_run(tmp_path, IDS[:1], 2)
+    r = _cli("report", str(run))
+    assert r.returncode == 0, r.stderr
+    r = _cli("-q", "bench", "--agent", "oracle", "--record-to", str(tmp_path / "rec"),
+             "--record-mode", "once", "--only", IDS[0], "--repeat", "2",
+             "--runs-dir", str(tmp_path / "again"))
+    assert r.returncode == 0, r.stderr
+    assert "| pass@1 [95% CI]" in r.stdout and "| overall" in r.stdout
+    assert "1.00 [0.34, 1.00]" in r.stdout  # Wilson 2/2
+
+
+def test_a_damaged_or_missing_run_is_one_line_and_exit_2(oracle_run: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_text('{"episodes": [{"scenario": "x"}]}')
+    for other in (bad, tmp_path / "missing"):
+        r = _cli("compare", str(oracle_run), str(other))
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert str(other) in r.stderr and r.stdout == ""
+
+
+@pytest.mark.vm
+def test_oracle_is_better_than_noop(oracle_run: Path, tmp_path: Path) -> None:
+    r = _cli("-q", "bench", "--agent", "noop", "--only", *IDS, "--repeat", str(ROUNDS),
+             "--retry-infra", "1", "--runs-dir", str(tmp_path / "noop"), timeout=1800)
+    assert r.returncode == 0, r.stderr
+    noop = _only_dir(tmp_path / "noop")
+    r = _cli("compare", str(oracle_run), str(noop), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (c,) = json.loads(r.stdout)["comparisons"]
+    assert (c["pairs"], c["a_only"], c["b_only"]) == (8, 8, 0)
+    assert c["mcnemar_p"] == pytest.approx(2 / 256)
+    assert c["pass_diff_ci"][0] > 0 and c["winner"] == "a"
+    r = _cli("compare", str(oracle_run), str(noop))
+    assert "A is better than B" in r.stdout
+    r = _cli("compare", str(noop), str(oracle_run))
+    assert "B is better than A" in r.stdout

@@ -1,0 +1,252 @@
+"""runner.app.stats against published values: pass@k (Chen et al. 2021), Wilson intervals
+(Newcombe 1998), McNemar's exact test (Fagerland, Lydersen & Laake 2013), and the bootstrap."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from runner.app.stats import (
+    Interval,
+    bootstrap_mean,
+    compare,
+    mcnemar_exact,
+    pass_at_k,
+    summarize,
+    wilson,
+)
+from runner.core.episode import Episode
+
+pytestmark = pytest.mark.filterwarnings("error")  # no statistic may warn, degenerate data included
+
+
+# --- pass@k: Chen et al. 2021, "Evaluating Large Language Models Trained on Code" -----------
+
+def _codex_numpy(n: int, c: int, k: int) -> float:
+    """The numerically stable form given in the Codex paper (Figure 3), verbatim in spirit."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+@pytest.mark.parametrize(("n", "c", "k", "expected"), [
+    (10, 1, 1, Fraction(1, 10)),  # pass@1 is c/n
+    (5, 2, 2, 1 - Fraction(math.comb(3, 2), math.comb(5, 2))),  # 1 - 3/10 = 0.7, by hand
+    (10, 5, 3, 1 - Fraction(math.comb(5, 3), math.comb(10, 3))),  # 1 - 10/120 = 11/12
+    (200, 1, 100, Fraction(1, 2)),  # 1 - C(199,100)/C(200,100) = 1 - 100/200
+    (3, 0, 3, Fraction(0)),  # never passed
+    (3, 3, 1, Fraction(1)),
+    (4, 1, 4, Fraction(1)),  # k = n: passed in any round
+])
+def test_pass_at_k_by_hand(n: int, c: int, k: int, expected: Fraction) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(float(expected), abs=1e-15)
+
+
+def test_pass_at_k_matches_the_codex_papers_numpy_form_for_every_k() -> None:
+    for n in range(1, 31):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+                assert pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12)
+                assert pass_at_k(n, c, k) == pytest.approx(_codex_numpy(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_refuses_impossible_counts() -> None:
+    for n, c, k in [(3, 4, 1), (3, -1, 1), (3, 1, 0), (3, 1, 4)]:
+        with pytest.raises(ValueError):
+            pass_at_k(n, c, k)
+
+
+# --- Wilson: Newcombe 1998, Statistics in Medicine 17:857-872, Table I (method 3) ------------
+
+NEWCOMBE_TABLE_I = [  # x, n, lower, upper: the score interval without continuity correction
+    (81, 263, 0.2553, 0.3662),
+    (15, 148, 0.0624, 0.1605),
+    (0, 20, 0.0000, 0.1611),
+    (1, 29, 0.0061, 0.1718),
+    (29, 29, 0.8830, 1.0000),
+]
+
+
+def _wilson_by_hand(x: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson's (1927) closed form, as Newcombe writes it: a check that needs no scipy."""
+    p = x / n
+    centre = 2 * n * p + z * z
+    spread = z * math.sqrt(z * z + 4 * n * p * (1 - p))
+    return (centre - spread) / (2 * (n + z * z)), (centre + spread) / (2 * (n + z * z))
+
+
+@pytest.mark.parametrize(("x", "n", "low", "high"), NEWCOMBE_TABLE_I)
+def test_wilson_matches_newcombe_table_i(x: int, n: int, low: float, high: float) -> None:
+    ci = wilson(x, n)
+    assert (ci.low, ci.high) == pytest.approx((low, high), abs=5e-5)
+    assert (ci.low, ci.high) == pytest.approx(_wilson_by_hand(x, n), abs=1e-9)
+
+
+def test_wilson_with_no_trials_knows_nothing_and_levels_nest() -> None:
+    assert wilson(0, 0) == Interval(0.0, 1.0)
+    narrow, wide = wilson(81, 263, 0.90), wilson(81, 263, 0.99)
+    assert wide.low < narrow.low < 81 / 263 < narrow.high < wide.high
+    with pytest.raises(ValueError):
+        wilson(3, 2)
+    with pytest.raises(ValueError):
+        wilson(1, 2, confidence=1.0)
+
+
+# --- McNemar's exact test --------------------------------------------------------------------
+
+def test_mcnemar_exact_on_a_published_example() -> None:
+    # Fagerland, Lydersen & Laake 2013 (BMC Med Res Methodol 13:91), Table 1: airway
+    # hyper-responsiveness before/after stem cell transplantation (Bentur et al. 2009),
+    # n11=1, n12=1, n21=7, n22=12. Exact conditional p = 2 * P(X <= 1 | 8, 1/2) = 18/256.
+    assert mcnemar_exact(1, 7) == pytest.approx(18 / 256, abs=1e-12)
+    assert round(mcnemar_exact(7, 1), 4) == 0.0703  # two-sided: the order does not matter
+
+
+def test_mcnemar_exact_edge_cases() -> None:
+    assert mcnemar_exact(7, 6) == 1.0  # nearly balanced discordance: no evidence (p capped at 1)
+    assert mcnemar_exact(0, 0) == 1.0  # no discordant pair
+    assert mcnemar_exact(6, 0) == pytest.approx(2 / 64)  # six of six one way: p = 0.031
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 32)  # five are not enough at 5%
+    for b in range(12):
+        for c in range(12):
+            m, n = min(b, c), b + c
+            hand = min(1.0, 2 * sum(math.comb(n, i) for i in range(m + 1)) / 2 ** n) if n else 1.0
+            assert mcnemar_exact(b, c) == pytest.approx(hand, abs=1e-12)
+
+
+# --- the bootstrap ---------------------------------------------------------------------------
+
+def test_bootstrap_contains_the_mean_and_agrees_with_normal_theory_on_a_large_sample() -> None:
+    values = np.random.default_rng(7).normal(10.0, 2.0, size=2000)
+    ci = bootstrap_mean(values)
+    mean, se = values.mean(), values.std(ddof=1) / math.sqrt(values.size)
+    assert ci.low < mean < ci.high
+    assert ci.low == pytest.approx(mean - 1.96 * se, abs=0.1 * se * 1.96 + 0.01)
+    assert ci.high == pytest.approx(mean + 1.96 * se, abs=0.1 * se * 1.96 + 0.01)
+
+
+def test_bootstrap_collapses_on_constant_data_and_small_samples() -> None:
+    assert bootstrap_mean([1.0, 1.0, 1.0, 1.0]) == Interval(1.0, 1.0)
+    assert bootstrap_mean([0.25]) == Interval(0.25, 0.25)
+    with pytest.raises(ValueError):
+        bootstrap_mean([])
+
+
+def test_bootstrap_on_few_pass_fail_values_stays_in_range_and_is_reproducible() -> None:
+    for data in ([0.0, 1.0], [1.0, 0.0, 0.0], [1, 1, 1, 1, 1, 1, 1, 0], [0.5, 0.75, 1.0]):
+        ci = bootstrap_mean(data)
+        assert min(data) <= ci.low <= float(np.mean(data)) <= ci.high <= max(data)
+        assert bootstrap_mean(data, seed=0) == ci
+
+
+# --- summaries of a run ----------------------------------------------------------------------
+
+def _ep(scenario: str, verdict: str, round_: int = 0, **extra: float) -> Episode:
+    ep = Episode(scenario=scenario, agent="oracle", model="m", protocol="tools", round=round_,
+                 verdict=verdict)
+    for name, value in extra.items():
+        setattr(ep, name, value)  # graded score / hint level, as newer episodes carry them
+    return ep
+
+
+def test_summary_counts_only_scored_runs() -> None:
+    eps = [_ep("a", "pass", 0), _ep("a", "fail", 1), _ep("a", "pass", 2),
+           _ep("a", "infra-error", 3), _ep("b", "invalid-scenario")]
+    st = summarize(eps)
+    a, b = st.scenarios
+    assert (a.runs, a.scored, a.passes) == (4, 3, 2)
+    assert a.pass_at_1 == pytest.approx(2 / 3)
+    assert a.pass_at_1_ci == wilson(2, 3)
+    assert a.pass_at_k == {1: pytest.approx(2 / 3), 2: 1.0, 3: 1.0}
+    assert a.mean_score == pytest.approx(2 / 3)
+    assert (b.scored, b.pass_at_1, b.pass_at_1_ci, b.mean_score) == (0, None, None, None)
+    d = st.to_dict()
+    assert d["scenarios"][0]["pass_at_k"] == {"1": 0.666667, "2": 1.0, "3": 1.0}
+    assert d["overall"]["scored"] == 3 and "mean_assist" not in d["overall"]
+
+
+def test_graded_scores_and_hint_levels_are_used_when_episodes_carry_them() -> None:
+    eps = [_ep("a", "pass", 0, score=0.5, hint_level=1), _ep("a", "fail", 1, score=0.25,
+                                                              hint_level=3)]
+    s = summarize(eps).scenarios[0]
+    assert s.mean_score == pytest.approx(0.375)
+    assert s.mean_assist == pytest.approx(2.0)
+    assert "mean_assist_ci" in summarize(eps).to_dict()["overall"]
+
+
+def test_overall_pass_at_k_is_the_mean_over_scenarios() -> None:
+    eps = [_ep("a", "pass", r) for r in range(3)] + [_ep("b", v, r) for r, v in
+                                                      enumerate(["fail", "fail", "pass"])]
+    o = summarize(eps).overall
+    assert o.pass_at_k[1] == pytest.approx((1 + 1 / 3) / 2)
+    assert o.pass_at_k[3] == pytest.approx(1.0)
+    assert o.pass_at_1_ci == wilson(4, 6)
+
+
+# --- paired comparison -----------------------------------------------------------------------
+
+def _run(verdict_of: dict[str, str], rounds: int) -> list[Episode]:
+    return [_ep(s, v, r) for r in range(rounds) for s, v in verdict_of.items()]
+
+
+IDS = ["s1", "s2", "s3", "s4"]
+
+
+def test_a_clear_difference_is_shown_either_way_round() -> None:
+    good, bad = _run(dict.fromkeys(IDS, "pass"), 2), _run(dict.fromkeys(IDS, "fail"), 2)
+    c = compare(good, bad)
+    assert (c.pairs, c.a_only, c.b_only) == (8, 8, 0)
+    assert c.mcnemar_p == pytest.approx(2 / 256)
+    assert c.pass_diff == 1.0 and c.score_diff_ci.excludes_zero()
+    assert c.verdict() == "A is better than B"
+    assert compare(bad, good).verdict() == "B is better than A"
+
+
+def test_too_few_pairs_show_nothing_even_when_all_agree() -> None:
+    # 3 of 3 one way: the bootstrap over scenarios collapses to [1, 1], but p = 0.25.
+    c = compare(_run(dict.fromkeys(IDS[:3], "pass"), 1), _run(dict.fromkeys(IDS[:3], "fail"), 1))
+    assert c.winner == "" and c.mcnemar_p == pytest.approx(0.25)
+    assert c.more_pairs == 3  # six discordant pairs are the least the exact test can use
+    assert "no difference shown with this many runs" in c.verdict()
+    assert "roughly 3 more paired runs" in c.verdict()
+
+
+def test_a_run_against_itself_cannot_estimate() -> None:
+    run = _run({"s1": "pass", "s2": "fail", "s3": "pass"}, 2)
+    c = compare(run, run)
+    assert c.pass_diff == 0 and c.more_pairs is None
+    assert "no difference shown" in c.verdict() and "cannot estimate" in c.verdict()
+
+
+def test_a_small_difference_asks_for_a_rough_number_of_more_runs() -> None:
+    outcomes = [("pass", "fail")] * 3 + [("pass", "pass"), ("fail", "fail")] * 2 + [("fail", "pass")]
+    a = [_ep(IDS[i % 4], va, i // 4) for i, (va, _) in enumerate(outcomes)]
+    b = [_ep(IDS[i % 4], vb, i // 4) for i, (_, vb) in enumerate(outcomes)]
+    c = compare(a, b)
+    assert (c.pairs, c.a_only, c.b_only, c.winner) == (8, 3, 1, "")
+    # d = 0.25, sd = sqrt(0.5): (1.96 * 0.7071 / 0.25)^2 = 30.7, so 31 pairs, 23 more.
+    assert c.sd == pytest.approx(math.sqrt(0.5))
+    assert c.more_pairs == 23
+    assert "roughly 23 more paired runs" in c.verdict()
+
+
+def test_pairing_skips_unscored_runs_and_pairs_in_order_when_rounds_repeat() -> None:
+    a = [_ep("s1", "pass", 0), _ep("s1", "pass", 1), _ep("s2", "infra-error", 0)]
+    b = [_ep("s1", "fail", 0), _ep("s2", "fail", 0), _ep("s3", "fail", 0)]
+    c = compare(a, b)
+    assert (c.pairs, c.unpaired, c.by_order) == (1, 3, False)
+    # A replayed run (--record-mode once) keeps round 0 in every round: pair in order.
+    replayed = [_ep("s1", "pass", 0), _ep("s1", "pass", 0)]
+    c = compare(replayed, [_ep("s1", "fail", 0), _ep("s1", "fail", 1)])
+    assert (c.pairs, c.unpaired, c.by_order) == (2, 0, True)
+
+
+def test_hint_levels_are_paired_separately() -> None:
+    a = [_ep("s1", "pass", 0, hint_level=0), _ep("s1", "pass", 0, hint_level=2)]
+    b = [_ep("s1", "fail", 0, hint_level=2)]
+    c = compare(a, b)
+    assert (c.pairs, c.unpaired) == (1, 1)
