@@ -67,6 +67,7 @@ def _from_recording(scenario: Scenario, round_: int, recorded: Path, cassette: P
     fields = set(Episode.__dataclass_fields__)
     ep = Episode(**{k: v for k, v in verdict.items() if k in fields})
     ep.cassette = str(cassette)
+    ep.round = round_  # the recording may have been made as another round (verify's are round 0)
     return ep
 
 
