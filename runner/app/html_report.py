@@ -39,16 +39,12 @@ import markupsafe
 from runner import __version__
 from runner.app.runs import atomic_write, load_results
 from runner.app.signals import Interrupted
+from runner.app.stats import wilson
 from runner.core.cassette import Cassette, digest
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, RunCommand, Violation
 from runner.core.text import one_line, printable
-
-try:  # pass-rate intervals, when the statistics module is there
-    from runner.app.stats import wilson as _wilson
-except ImportError:  # an older checkout: plain rates
-    _wilson = None
 
 log = logging.getLogger("rootbench.report")
 
@@ -585,17 +581,11 @@ class Plot:
 
 
 def _interval(passes: int, n: int) -> tuple[float, float] | None:
-    """The 95% Wilson interval from runner.app.stats, when that module is there."""
-    if _wilson is None or n == 0:
+    """The 95% Wilson interval of a pass rate (None with no scored runs)."""
+    if n == 0:
         return None
-    try:
-        got = _wilson(passes, n)
-    except ImportError:  # its own heavy dependency (scipy) is missing: plain rates
-        return None
-    if hasattr(got, "low") and hasattr(got, "high"):
-        return float(got.low), float(got.high)
-    values = [float(v) for v in got] if isinstance(got, tuple | list) else []
-    return (values[-2], values[-1]) if len(values) >= 2 else None
+    got = wilson(passes, n)
+    return float(got.low), float(got.high)
 
 
 def _svg_uri(fig: Any) -> str:
@@ -768,7 +758,7 @@ def render(runs: Sequence[Run], title: str = "rootbench report") -> str:
     page = _environment().get_template("report.html.j2").render(
         title=text(title), csp=CSP, runs=views, optional=[t for _k, t in optional],
         heatmap=_heatmap(runs), plots=drawn or [], plots_missing=drawn is None,
-        wilson=_wilson is not None, open_trajectories=total <= OPEN_TRAJECTORIES,
+        wilson=True, open_trajectories=total <= OPEN_TRAJECTORIES,
         generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         version=__version__, extra_fields=_extra_fields)
     return page
