@@ -149,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-spec-changes", action="store_true",
                    help="replay a cassette whose spec changed since it was recorded (from the "
                         "recorded spec), instead of reporting it spec-changed")
+    p.add_argument("--specs", action="append", metavar="DIR",
+                   help="where today's specs are, to check the recorded ones against "
+                        "(default: specs/ of this checkout; may be given several times)")
     _format_arg(p)
     _vm_args(p)
 
@@ -337,6 +340,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with its one-line reason (also on stderr) and makes the exit 2, as bad
     input does; any ``different``, ``mismatch`` or ``spec-changed`` makes it 1.
     """
+    if not args.verbose:  # a replay re-tells every command of every cassette: only with -v
+        logging.getLogger("rootbench.agent").setLevel(logging.WARNING)
     paths = find_cassettes(args.paths)  # a named path that does not exist is exit 2 at once
     outcomes: list[ReplayOutcome] = []
     t0 = time.monotonic()
@@ -349,7 +354,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             continue
         outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
                                       allow_spec_changes=args.allow_spec_changes,
-                                      accel=args.accel, transport=args.transport))
+                                      accel=args.accel, transport=args.transport,
+                                      specs=[Path(d) for d in args.specs] if args.specs else None))
     rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
              o.result.value, o.note if args.format == "json" else o.note[:120]]
             for o in outcomes]
