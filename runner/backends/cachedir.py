@@ -14,11 +14,10 @@ import fcntl
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from runner.core.errors import InfraError
+from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.lock")
 LOCK_TIMEOUT = 3 * 3600.0  # seconds to wait for another process's build
@@ -53,19 +52,22 @@ def file_lock(artefact: Path, what: str, timeout: float = LOCK_TIMEOUT) -> Itera
     path = lock_path(artefact)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
-        deadline = time.monotonic() + timeout
         told = False
-        while True:
+
+        def locked() -> bool:
+            nonlocal told
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
                 if not told:
                     log.info("waiting for another rootbench process (%s)", what)
                     told = True
-                if time.monotonic() > deadline:
-                    raise InfraError(f"timed out waiting for the lock on {what}") from None
-                time.sleep(0.5)
+                return False
+
+        # flock has no timeout of its own: try without blocking, twice a second.
+        wait_until(locked, timeout, f"the lock on {what}", interval=0.5,
+                   message=lambda: f"timed out waiting for the lock on {what}")
         try:
             yield
         finally:

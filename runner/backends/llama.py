@@ -29,6 +29,7 @@ import requests
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.process import die_with_parent, end_process, free_port, last_line, run_child
 from runner.core.errors import InfraError, InvalidInput
+from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.llama")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"  # the bench's default: it investigates where the 0.5B answers at once
@@ -246,23 +247,27 @@ class LlamaServer:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=_server_env(self.binary),
                                      preexec_fn=die_with_parent)
+        proc = self.proc
         deadline = time.monotonic() + HEALTH_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                tail = last_line(self.log_path)
-                self.stop()
-                raise InfraError(f"llama-server exited at start (code {self.proc.returncode}): {tail[:160]}")
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise InfraError(f"llama-server exited at start (code {proc.returncode}): "
+                                 f"{last_line(self.log_path)[:160]}")
             try:
-                r = requests.get(f"{self.endpoint}/health", timeout=2)
-                if r.status_code == 200:
-                    return
+                r = requests.get(f"{self.endpoint}/health",
+                                 timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                return r.status_code == 200
             except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise InfraError(f"llama-server did not become healthy within {HEALTH_TIMEOUT:.0f}s; "
-                                 f"see {self.log_path}")
-            time.sleep(0.25)
+                return False
+
+        try:
+            wait_until(healthy, HEALTH_TIMEOUT, "llama-server health", interval=0.25,
+                       message=lambda: f"llama-server did not become healthy within "
+                                       f"{HEALTH_TIMEOUT:.0f}s; see {self.log_path}")
+        except BaseException:
+            self.stop()
+            raise
 
     def alive(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:

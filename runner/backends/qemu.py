@@ -8,6 +8,7 @@ version, and TCG is used instead, said once in one line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -26,6 +27,7 @@ from runner.backends.cachedir import cache_dir
 from runner.backends.images import BuiltImage
 from runner.backends.process import die_with_parent, end_process, free_port
 from runner.core.errors import VMError
+from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.vm")
 FORWARDED_PORTS = (22, 80)
@@ -133,25 +135,50 @@ class Qemu:
         self.qmp = self._connect_qmp(10.0)
 
     def _connect_qmp(self, timeout: float) -> QEMUMonitorProtocol:
+        """QMP, connected and negotiated, once QEMU has made its socket (it may die first)."""
         deadline = time.monotonic() + timeout
-        while True:
+
+        def connected() -> QEMUMonitorProtocol | None:
             if self.proc.poll() is not None:
                 why = f"QEMU exited at start (code {self.proc.returncode}): {self.log_tail()}"
                 if self.accel == "kvm":
                     raise KvmUnusable(why)
                 raise VMError(why)
-            if self.qmp_path.exists():
-                qmp = QEMUMonitorProtocol(str(self.qmp_path))
-                try:
-                    qmp.connect()
-                    qmp.settimeout(30)
-                    return qmp
-                except (OSError, Exception):  # noqa: BLE001 - the library raises its own types
-                    with contextlib.suppress(Exception):
-                        qmp.close()
-            if time.monotonic() > deadline:
-                raise VMError("QEMU's QMP socket did not answer within 10s")
-            time.sleep(0.01)
+            if not self.qmp_path.exists():
+                return None
+            qmp = QEMUMonitorProtocol(str(self.qmp_path))
+            try:
+                # The legacy wrapper's connect() has no timeout, and a QEMU stuck before its
+                # main loop accepts the connection but never greets: bound the handshake
+                # with the wrapper's own runner, the one connect() uses.
+                qmp._sync(qmp._qmp.connect(str(self.qmp_path)),
+                          max(0.1, deadline - time.monotonic()))
+                qmp.settimeout(30)
+                return qmp
+            except Exception:  # noqa: BLE001 - the library raises its own types, timeouts included
+                with contextlib.suppress(Exception):
+                    qmp.close()
+                return None
+
+        return wait_until(connected, timeout, "QEMU's QMP socket", interval=0.01, error=VMError,
+                          message=lambda: f"QEMU's QMP socket did not answer within {timeout:.0f}s")
+
+    def migration_event(self, wait: float) -> str | None:
+        """The status in the next QMP event if it is MIGRATION; None if another or none in ``wait`` s.
+
+        QEMU announces each migration state change (either direction) when the
+        ``events`` capability is on, so a wait for "completed" needs no polling.
+        A QEMU that exited sends nothing more: that raises instead.
+        """
+        if self.proc.poll() is not None:
+            raise VMError(f"QEMU exited (code {self.proc.returncode}): {self.log_tail()}")
+        try:
+            event = self.qmp.pull_event(wait=float(max(wait, 0.001)))  # an int would wait forever
+        except asyncio.TimeoutError:
+            return None
+        if event and event.get("event") == "MIGRATION":
+            return str((event.get("data") or {}).get("status"))
+        return None
 
     def log_tail(self) -> str:
         try:

@@ -38,6 +38,7 @@ from runner.backends.snapshot import (
 from runner.backends.ssh import SshGuest
 from runner.core.errors import InfraError, InvalidInput, VMError
 from runner.core.guest import Guest
+from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.vm")
 
@@ -146,18 +147,26 @@ class Sandbox:
         overlay = self._dir / "overlay.qcow2"
         make_overlay(snap / "frozen.qcow2", overlay)
         self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True)
-        q.cmd("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True}])
+        # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
+        # completed, sent after the run state is set), so the wait reads one event
+        # instead of polling query-status and query-migrate over QMP.
+        q.cmd("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True},
+                                                        {"capability": "events", "state": True}])
+        q.qmp.clear_events()
         q.cmd("migrate-incoming", uri=f"exec:cat {snap / 'device.state'}")
         deadline = time.monotonic() + 30
-        while True:
-            status = q.status()
-            if status in ("running", "paused", "postmigrate"):
-                info = q.cmd("query-migrate") or {}
-                if status == "running" or info.get("status") == "completed":
-                    break
-            if status in ("internal-error", "exited", "shutdown") or time.monotonic() > deadline:
-                raise VMError(f"restore did not complete (status {status}): {q.log_tail()}")
-            time.sleep(0.005)
+
+        def restored() -> bool:
+            try:
+                status = q.migration_event(min(0.5, max(0.01, deadline - time.monotonic())))
+            except VMError:  # QEMU exited
+                raise VMError(f"restore did not complete (status exited): {q.log_tail()}") from None
+            if status in ("failed", "cancelled"):
+                raise VMError(f"restore did not complete (migration {status}): {q.log_tail()}")
+            return status == "completed"
+
+        wait_until(restored, 30, "the snapshot restore", interval=0, error=VMError,
+                   message=lambda: f"restore did not complete (status {q.status()}): {q.log_tail()}")
         if q.status() != "running":
             q.cmd("cont")
         self._serial = SerialGuest(str(q.console_path), q.forwards)

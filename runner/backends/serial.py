@@ -20,6 +20,7 @@ from runner.backends.framing import (
 )
 from runner.core.errors import GuestDown
 from runner.core.guest import CommandResult, Guest
+from runner.core.waiting import wait_until
 
 _NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@rootbench:~# ")  # a fresh interactive shell prompting
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
@@ -31,16 +32,22 @@ class SerialGuest(FramedGuest, Guest):
     def __init__(self, socket_path: str, forwards: dict[int, int], connect_timeout: float = 10.0) -> None:
         super().__init__(forwards)
         deadline = time.monotonic() + connect_timeout
-        while True:
+
+        def connected() -> socket.socket | None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
+                # A full listen backlog would block connect(): bounded by the time left.
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
                 sock.connect(socket_path)
-                break
+                sock.settimeout(None)  # pexpect reads and writes the descriptor blocking
+                return sock
             except OSError:
                 sock.close()
-                if time.monotonic() > deadline:
-                    raise GuestDown(f"cannot connect to the serial console {socket_path}") from None
-                time.sleep(0.02)
+                return None
+
+        sock = wait_until(connected, connect_timeout, "the serial console", interval=0.02,
+                          error=GuestDown,
+                          message=lambda: f"cannot connect to the serial console {socket_path}")
         self._sock = sock
         self._child = pexpect.fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
         self._child.delaybeforesend = None

@@ -24,6 +24,7 @@ from runner.backends.qemu import KvmUnusable, Qemu, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
 from runner.core.errors import GuestDown, VMError
 from runner.core.guest import Guest
+from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.vm")
 BOOT_TIMEOUT = 240.0  # seconds from launch to a root shell, TCG on a busy 2-core host
@@ -35,22 +36,28 @@ def wait_for_shell(q: Qemu, timeout: float) -> SerialGuest:
     """Cold boot: wait for the autologin prompt, watching for KVM's internal error."""
     guest = SerialGuest(str(q.console_path), q.forwards)
     deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            guest.close()
-            raise VMError(f"no root shell on the serial console within {timeout:.0f}s")
+
+    def logged_in() -> bool:
         try:
-            guest.wait_for_login(min(left, 3.0))
-            return guest
+            guest.wait_for_login(max(0.1, min(deadline - time.monotonic(), 3.0)))
+            return True
         except GuestDown:
             status = q.status()
             if status == "internal-error":
-                guest.close()
                 raise KvmUnusable("the guest stopped with KVM internal error") from None
             if status == "exited":
-                guest.close()
                 raise VMError(f"QEMU exited during boot: {q.log_tail()}") from None
+            return False
+
+    try:
+        # wait_for_login is itself the pause (up to 3 s); a console at EOF answers at once.
+        wait_until(logged_in, timeout, "a root shell on the serial console", interval=0.05,
+                   error=VMError,
+                   message=lambda: f"no root shell on the serial console within {timeout:.0f}s")
+    except BaseException:
+        guest.close()
+        raise
+    return guest
 
 
 def wait_until_settled(guest: Guest, timeout: float) -> str:
@@ -63,18 +70,18 @@ def wait_until_settled(guest: Guest, timeout: float) -> str:
     """
     deadline = time.monotonic() + timeout
     state = "?"
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise VMError(f"the guest did not finish booting within {timeout:.0f}s "
-                          f"(systemd state {state})")
+
+    def settled() -> str | None:
+        nonlocal state
         r = guest.run_clean("systemctl is-system-running --wait; systemctl list-jobs --no-legend | wc -l",
-                        min(left, 60.0))
+                            max(1.0, min(deadline - time.monotonic(), 60.0)))
         words = r.output.split()
         state = words[0] if words else "?"
-        if state in ("running", "degraded") and words[-1:] == ["0"]:
-            return state
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return state if state in ("running", "degraded") and words[-1:] == ["0"] else None
+
+    return wait_until(settled, timeout, "systemd finishing the boot", interval=0.5, error=VMError,
+                      message=lambda: f"the guest did not finish booting within {timeout:.0f}s "
+                                      f"(systemd state {state})")
 
 
 def snapshot_dir(image: BuiltImage, accel: str) -> Path:
@@ -96,18 +103,27 @@ def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float) -> None
         log.info("golden boot ready in %.1fs (system %s)", time.monotonic() - t0, state)
         guest.run_clean("sync", 30)  # the frozen disk holds everything the boot wrote
         guest.close()
+        # ``events``: QEMU announces the migration's end (MIGRATION, status completed), so
+        # the wait below reads one event instead of polling query-migrate.
         q.cmd("migrate-set-capabilities",
-              capabilities=[{"capability": "x-ignore-shared", "state": True}])
+              capabilities=[{"capability": "x-ignore-shared", "state": True},
+                            {"capability": "events", "state": True}])
         q.cmd("stop")
+        q.qmp.clear_events()
         q.cmd("migrate", uri=f"exec:cat > {work / 'device.state'}")
         deadline = time.monotonic() + 60
-        while True:
+
+        def why() -> str:
             info = q.cmd("query-migrate") or {}
-            if info.get("status") == "completed":
-                break
-            if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
-                raise VMError(f"saving the snapshot failed: {info.get('error-desc', info)}")
-            time.sleep(0.02)
+            return f"saving the snapshot failed: {info.get('error-desc', info)}"
+
+        def saved() -> bool:
+            status = q.migration_event(min(0.5, max(0.01, deadline - time.monotonic())))
+            if status in ("failed", "cancelled"):
+                raise VMError(why())
+            return status == "completed"
+
+        wait_until(saved, 60, "saving the snapshot", interval=0, error=VMError, message=why)
     finally:
         q.stop()
 

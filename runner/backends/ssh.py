@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 from runner.backends.framing import (
     SLACK,
@@ -13,8 +14,10 @@ from runner.backends.framing import (
     output_cap,
     parse_frame,
 )
+from runner.backends.process import last_line
 from runner.core.errors import GuestDown
 from runner.core.guest import CommandResult, Guest
+from runner.core.waiting import wait_until
 
 
 class SshGuest(FramedGuest, Guest):
@@ -33,25 +36,29 @@ class SshGuest(FramedGuest, Guest):
         self._ctl = ["ssh", *common]
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
         self._dead: str | None = None
-        log = f"{workdir}/ssh-master.log"
+        log = Path(workdir) / "ssh-master.log"
         deadline = time.monotonic() + connect_timeout
-        while True:
+
+        def master_up() -> bool:
             # The master goes to the background once authenticated (-f); its stdio is a
-            # file, never a pipe of ours, or waiting on it would hang.
+            # file, never a pipe of ours, or waiting on it would hang. One try may take
+            # up to 20 s (a guest still waking), but never past the deadline.
             try:
-                with open(log, "ab") as err:
+                with log.open("ab") as err:
                     r = subprocess.run([*self._ctl, "-o", "ControlMaster=yes",
-                                         "-o", "ControlPersist=yes", "-f", "-N", "root@127.0.0.1"],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=err, timeout=20)
-                if r.returncode == 0:
-                    break
+                                        "-o", "ControlPersist=yes", "-f", "-N", "root@127.0.0.1"],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=err, timeout=max(0.5, min(20.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                pass
-            if time.monotonic() > deadline:
-                tail = open(log, errors="replace").read().strip()[-200:]
-                raise GuestDown(f"ssh to the guest failed: {tail or 'no answer'}")
-            time.sleep(0.3)
+                return False
+            return r.returncode == 0
+
+        def why() -> str:
+            tail = last_line(log)[-200:]
+            return f"ssh to the guest failed: {tail or 'no answer'}"
+
+        wait_until(master_up, connect_timeout, "ssh to the guest", interval=0.3, error=GuestDown,
+                   message=why)
 
     def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
         if self._dead:
