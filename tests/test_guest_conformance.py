@@ -21,6 +21,10 @@ from runner.core.replay import ReplayGuest
 pytestmark = pytest.mark.vm
 
 Check = Callable[[Guest], None]
+# A cassette header the reader accepts: these cassettes hold guest exchanges only.
+_HEADER = {"type": "header", "format": 1, "scenario": {
+    "id": "conformance", "title": "guest conformance", "image": "debian-12-nginx", "task": "",
+    "budget": {}, "probes": [], "invariants": []}}
 
 
 @pytest.fixture(scope="module", params=["serial", "ssh", "replay"])
@@ -37,7 +41,7 @@ def conform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         def record_then_replay(check: Check) -> None:
             path: Path = tmp_path_factory.mktemp("cassette") / f"c{next(counter)}.jsonl"
             with CassetteWriter(path) as w:
-                w.write({"type": "header", "format": 1})
+                w.write(_HEADER)
                 check(RecordingGuest(box.guest, w))
             check(ReplayGuest(Cassette.load(path)))
 
