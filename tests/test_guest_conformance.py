@@ -97,6 +97,23 @@ def test_timeout_kills_the_command_and_the_shell_survives(conform: Callable[[Che
     conform(check)
 
 
+def test_exit_124_and_137_are_exit_codes_not_timeouts(conform: Callable[[Check], None]) -> None:
+    """``timeout``'s own codes, returned by the command itself: the timeout did not fire."""
+    def check(g: Guest) -> None:
+        r = g.exec("exit 124", 10)
+        assert r.exit_code == 124 and not r.timed_out
+        r = g.exec("echo dying; kill -9 $$", 10)
+        assert r.exit_code == 137 and not r.timed_out and r.output == "dying\n"
+        assert g.run_clean("exit 124", 10).exit_code == 124
+        r = g.exec("sleep 30", 2)
+        assert r.timed_out and r.exit_code is None and r.duration < 15
+        # The clock the wrapper measures with is monotonic: setting the date does not fool it.
+        r = g.exec("date -s '+1 hour' >/dev/null; exit 124", 10)
+        g.run_clean("date -s '-1 hour' >/dev/null", 10)
+        assert r.exit_code == 124 and not r.timed_out
+    conform(check)
+
+
 def test_commands_reading_stdin_do_not_hang(conform: Callable[[Check], None]) -> None:
     def check(g: Guest) -> None:
         r = g.exec("cat; read x; echo \"[$x]\"", 10)

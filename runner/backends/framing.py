@@ -22,7 +22,14 @@ from runner.core.guest import CommandResult, HttpResult
 # "!" reaches the shell raw). A wrapper runs that file in a child bash with
 # stdin from /dev/null and its output written to the same tmpfs (a flood hits
 # ENOSPC instead of filling memory or disk), then prints one line:
-# RB<sentinel>:<base64 of the first cap+1 bytes>:<rc>:RB<sentinel>.
+# RB<sentinel>:<base64 of the first cap+1 bytes>:<rc>:<timed out 0|1>:RB<sentinel>.
+#
+# ``timeout`` exits 124 (137 after its -k KILL) when it fires, but a command
+# can exit 124 or 137 by itself (``exit 124``, a SIGKILL from the OOM killer).
+# So the wrapper says whether the timeout really fired: only if the command
+# ran for its whole timeout. The clock is /proc/uptime read by the ``read``
+# builtin: monotonic (an agent's ``date -s`` cannot move it, nor can the
+# clock set after a restore), in hundredths of a second, and no process.
 # The sentinel is random per command and is printed by concatenation (the
 # typed text reads "RB" "sentinel" apart), so nothing the command prints or an
 # echoed command line can forge the frame.
@@ -31,8 +38,8 @@ from runner.core.guest import CommandResult, HttpResult
 # otherwise ``pkill -f nginx; systemctl start nginx`` kills its own shell
 # before the second half runs. And under TCG every process costs tens of
 # milliseconds, so the wrapper uses builtins wherever it can (printf, read,
-# test): the processes it starts are the child shell, timeout, bash, head,
-# base64 and rm.
+# test, case, arithmetic): the processes it starts are the child shell,
+# timeout, bash, head, base64 and rm.
 
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 CHUNK_BYTES = 500  # command bytes per typed line: at most 2000 chars quoted (tty lines cap at 4096)
@@ -42,7 +49,7 @@ _REMEMBER_CWD = b"\n__rb=$?; pwd > /run/rb/cwd 2>/dev/null; exit $__rb\n"
 
 def frame_re(sentinel: str) -> re.Pattern[bytes]:
     s = sentinel.encode()
-    return re.compile(rb"RB" + s + rb":([A-Za-z0-9+/=]*):(\d+):RB" + s)
+    return re.compile(rb"RB" + s + rb":([A-Za-z0-9+/=]*):(\d+):([01]):RB" + s)
 
 
 def quote_bytes(data: bytes) -> str:
@@ -72,10 +79,17 @@ def framed_lines(command: str, timeout: float, cap: int, sentinel: str, clean: b
         run = ("__rb_d=; read -r __rb_d 2>/dev/null </run/rb/cwd; "
                "cd \"${__rb_d:-/root}\" 2>/dev/null || cd /root; "
                f"exec timeout -k 2 {t} bash --noprofile --norc {script}")
-    lines[-1] += (f"; ( {run} ) </dev/null >{out} 2>&1; __rb_rc=$?; "
+    # Timed out: rc 124/137 and at least the timeout's length gone by (less 50 ms for
+    # the uptime's 10 ms steps). If /proc/uptime cannot be read, rc alone decides.
+    lines[-1] += (f"; __rb_u0=; read -r __rb_u0 _ 2>/dev/null </proc/uptime; "
+                  f"( {run} ) </dev/null >{out} 2>&1; __rb_rc=$?; "
+                  f"__rb_u1=; read -r __rb_u1 _ 2>/dev/null </proc/uptime; "
+                  f"__rb_to=0; case $__rb_rc in 124|137) __rb_to=1;; esac; "
+                  f"case $__rb_to:$__rb_u0:$__rb_u1 in 1:[0-9]*.[0-9][0-9]:[0-9]*.[0-9][0-9]) "
+                  f"(( 10#${{__rb_u1/./}} - 10#${{__rb_u0/./}} < {t * 100 - 5} )) && __rb_to=0;; esac; "
                   f"printf '%s%s:' RB {sentinel}; head -c {cap + 1} {out} | base64 -w0; "
-                  f"printf ':%s:%s%s\\n' \"$__rb_rc\" RB {sentinel}; "
-                  f"rm -f {out} {script}; unset __rb_rc")
+                  f"printf ':%s:%s:%s%s\\n' \"$__rb_rc\" \"$__rb_to\" RB {sentinel}; "
+                  f"rm -f {out} {script}; unset __rb_rc __rb_to __rb_u0 __rb_u1")
     return lines
 
 
@@ -83,17 +97,17 @@ def parse_frame(data: bytes, sentinel: str, duration: float, cap: int) -> Comman
     """The CommandResult framed in ``data``, or None if the frame is not there (yet).
 
     The wrapper sends one byte more than ``cap``: if it is there, the output was cut.
+    It also says whether the timeout fired; only then is there no exit code.
     """
     m = frame_re(sentinel).search(data)
     if not m:
         return None
-    blob, rc = m.group(1), int(m.group(2))
+    blob, rc, timed_out = m.group(1), int(m.group(2)), m.group(3) == b"1"
     try:
         raw = base64.b64decode(blob + b"=" * (-len(blob) % 4))
     except ValueError:
         raw = b""
     output = raw[:cap].decode("utf-8", errors="replace")
-    timed_out = rc in (124, 137)
     return CommandResult(None if timed_out else rc, output, duration, timed_out, len(raw) > cap)
 
 
