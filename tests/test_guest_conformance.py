@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.backends.images import GUEST_HOSTNAME
 from runner.backends.sandbox import Sandbox
+from runner.backends.serial import _NEW_SHELL
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.guest import Guest
 from runner.core.recording import RecordingGuest
@@ -111,6 +113,15 @@ def test_exit_124_and_137_are_exit_codes_not_timeouts(conform: Callable[[Check],
         r = g.exec("date -s '+1 hour' >/dev/null; exit 124", 10)
         g.run_clean("date -s '-1 hour' >/dev/null", 10)
         assert r.exit_code == 124 and not r.timed_out
+    conform(check)
+
+
+def test_the_prompt_the_serial_guest_watches_for_is_the_guest_hostname(
+        conform: Callable[[Check], None]) -> None:
+    """One hostname for the image and the serial guest's new-shell prompt."""
+    def check(g: Guest) -> None:
+        assert g.run_clean("hostname; cat /etc/hostname", 10).output.split() == [GUEST_HOSTNAME] * 2
+        assert _NEW_SHELL.search(b"\x1b[?2004hroot@" + GUEST_HOSTNAME.encode() + b":~# ")
     conform(check)
 
 

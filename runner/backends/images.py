@@ -35,6 +35,10 @@ log = logging.getLogger("rootbench.image")
 BUILD_VERSION = 4  # bump when the build steps below change what an image contains
 KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw quiet net.ifnames=0 panic=-1 systemd.show_status=0"
 BUILD_TIMEOUT = 3600.0
+# The guest's hostname. The provisioning below writes it, and the serial guest
+# recognises a fresh console shell by the prompt bash makes from it
+# (``root@<hostname>:~# ``); one name here keeps the two in step.
+GUEST_HOSTNAME = "rootbench"
 
 
 @dataclass(frozen=True)
@@ -194,11 +198,12 @@ def _run(cmd: list[str], label: str, work: Path) -> None:
     run_child(cmd, what=label, timeout=BUILD_TIMEOUT, log_file=work / "build.log", logger=log)
 
 
-_PROVISION = r"""
+# An f-string only for the hostname: the script has no other braces.
+_PROVISION = rf"""
 set -e
 R="$1"
-echo rootbench > "$R/etc/hostname"
-printf '127.0.0.1 localhost\n127.0.1.1 rootbench\n::1 localhost ip6-localhost ip6-loopback\n' > "$R/etc/hosts"
+echo {GUEST_HOSTNAME} > "$R/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 {GUEST_HOSTNAME}\n::1 localhost ip6-localhost ip6-loopback\n' > "$R/etc/hosts"
 printf '/dev/vda / ext4 defaults,noatime 0 1\ntmpfs /run/rb tmpfs size=2m,mode=0700 0 0\n' > "$R/etc/fstab"
 mkdir -p "$R/run/rb" "$R/etc/systemd/network"
 # A root shell straight on the serial console: no getty, no login, no PAM

@@ -18,11 +18,13 @@ from runner.backends.framing import (
     output_cap,
     parse_frame,
 )
+from runner.backends.images import GUEST_HOSTNAME
 from runner.core.errors import GuestDown
 from runner.core.guest import CommandResult, Guest
 from runner.core.waiting import wait_until
 
-_NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@rootbench:~# ")  # a fresh interactive shell prompting
+# A fresh interactive shell prompting (bracketed paste on, then bash's default prompt).
+_NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@" + re.escape(GUEST_HOSTNAME.encode()) + rb":~# ")
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
           "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
 
