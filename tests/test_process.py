@@ -1,6 +1,7 @@
 """Child processes and the waits on them, without a VM.
 
-Each wait
+``run_child`` must kill a child at its deadline even when it prints nothing,
+say what failed with the child's last words, and show progress. Each wait
 for something to come up (QMP, the serial console, the SSH master, the
 llama-server, a cache lock) must end at its own deadline with its own error,
 and never block past it inside one try.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import logging
 import os
 import socket
 import subprocess
@@ -23,11 +25,48 @@ import pytest
 
 from runner.backends import llama
 from runner.backends.cachedir import file_lock, lock_path
-from runner.backends.process import free_port
+from runner.backends.process import free_port, run_child
 from runner.backends.qemu import Qemu
 from runner.backends.serial import SerialGuest
 from runner.backends.ssh import SshGuest
 from runner.core.errors import GuestDown, InfraError, VMError
+
+log = logging.getLogger("rootbench.test")
+
+
+# --- run_child ---------------------------------------------------------------------------------
+
+def test_a_silent_child_is_killed_at_its_deadline(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    t0 = time.monotonic()
+    with pytest.raises(InfraError, match=r"sleeping took longer than 1s \(last output: none\)"):
+        run_child(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60 >/dev/null"], what="sleeping",
+                  timeout=1, log_file=tmp_path / "child.log", logger=log)
+    assert time.monotonic() - t0 < 5
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped, not a zombie
+
+
+def test_a_failing_child_is_named_with_its_last_output_line(tmp_path: Path) -> None:
+    script = "echo starting; echo 'E: the mirror is unreachable'; echo; exit 3"
+    with pytest.raises(InfraError) as err:
+        run_child(["sh", "-c", script], what="fetching", timeout=30,
+                  log_file=tmp_path / "child.log", logger=log)
+    message = str(err.value)
+    assert message.startswith("fetching failed (exit 3)")
+    assert message.endswith("E: the mirror is unreachable") and str(tmp_path / "child.log") in message
+
+
+def test_a_long_child_reports_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    script = "for i in 1 2 3 4 5 6 7 8 9 10; do echo \"step $i\"; sleep 0.25; done"
+    with caplog.at_level(logging.INFO, logger=log.name):
+        run_child(["sh", "-c", script], what="building", timeout=30,
+                  log_file=tmp_path / "child.log", logger=log, every=0.2)
+    progress = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert len(progress) >= 5, progress  # about every 0.2 s of the child's 2.5 s
+    assert all(m.startswith("building (") and ": step " in m for m in progress), progress
+    assert len(set(progress)) == len(progress)  # a line is shown once, not again while unchanged
+
 
 # --- waits that end at their deadline ------------------------------------------------------------
 

@@ -77,7 +77,8 @@ def run_child(cmd: list[str], *, what: str, timeout: float, log_file: Path,
             next_report = t0 + every
             while True:
                 try:
-                    rc = proc.wait(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                    # Woken by the child's exit, its deadline or the next report, whichever is first.
+                    rc = proc.wait(timeout=max(0.05, min(deadline, next_report) - time.monotonic()))
                     break
                 except subprocess.TimeoutExpired:
                     pass
