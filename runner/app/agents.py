@@ -95,8 +95,14 @@ class ModelProvider:
         assert self._model is not None
         return choose_protocol(self._model, requested=requested)
 
-    def for_scenario(self, scenario: Scenario) -> Model:
-        """The agent for one episode (scripted agents are made per scenario)."""
+    def for_scenario(self, scenario: Scenario, round_: int = 0) -> Model:
+        """The agent for one episode (scripted agents are made per scenario).
+
+        A real model samples round ``r`` with seed ``seed + r``: with one seed
+        for every round, rounds at a temperature above 0 would repeat each
+        other and pass@k would measure nothing. The seed goes into the
+        model's fingerprint, so each cassette header records its own.
+        """
         if self.choice.kind is AgentKind.ORACLE:
             return oracle(list(scenario.solution))
         if self.choice.kind is AgentKind.NOOP:
@@ -105,4 +111,6 @@ class ModelProvider:
             log.warning("llama-server is down; restarting it for the next scenario")
             self._server.restart()
         assert self._model is not None
+        if isinstance(self._model, OpenAIModel):
+            self._model.seed = self.choice.seed + round_  # episodes run one at a time
         return self._model

@@ -102,7 +102,18 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--ctx-size", type=int, default=DEFAULT_CTX_SIZE,
                    help="context window in tokens (a run that outgrows it ends as stop=context)")
-    p.add_argument("--repeat", type=int, default=1, help="runs per scenario (reports pass@1, pass@N)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per scenario, round r with seed SEED+r (reports pass@1, pass@N; "
+                        "needs --temperature above 0 to mean anything)")
+    p.add_argument("--hints", type=int, default=0, metavar="K",
+                   help="give every scenario's task its first K hints (capped at the hints it has)")
+    p.add_argument("--ladder", action="store_true",
+                   help="run each scenario at hint level 0, then one level higher after each "
+                        "failure until it passes or the hints run out (the table's assist column)")
+    p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
+                   help="re-run the success probes after each agent command, for fixed_at and "
+                        "regressed (default on; ~2 s per command on TCG, not taken from the "
+                        "agent's time budget)")
     _format_arg(p)
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")
     p.add_argument("--record-to", help="also copy every cassette into this directory")
@@ -281,6 +292,10 @@ def _choice(args: argparse.Namespace) -> AgentChoice:
     _number(args.max_tokens, "--max-tokens", 1, 1 << 20)
     _number(args.ctx_size, "--ctx-size", 512, 1 << 22)
     _number(args.repeat, "--repeat", 1, 10_000)
+    _number(args.hints, "--hints", 0, 100)
+    if args.ladder and args.hints:
+        raise InvalidInput("--ladder climbs the hint levels itself: give --ladder or --hints K, "
+                           "not both", field="--ladder")
     _number(getattr(args, "retry_infra", 0), "--retry-infra", 0, 100)
     if args.record_mode != RecordMode.ALL.value and not args.record_to:
         raise InvalidInput(f"--record-mode {args.record_mode} needs --record-to DIR",
@@ -294,7 +309,8 @@ def _choice(args: argparse.Namespace) -> AgentChoice:
 def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | None) -> int:
     choice = _choice(args)
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol=args.protocol,
-                      repeat=args.repeat)
+                      repeat=args.repeat, hints=args.hints, ladder=args.ladder,
+                      track_fix=args.track_fix)
     run_dir = resume or new_run_dir(Path(args.runs_dir), choice.label())
     logging.getLogger("rootbench.bench").info("run directory: %s", run_dir)
     episodes = run_bench(scenarios, choice, opts, run_dir, resume=resume is not None,

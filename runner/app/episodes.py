@@ -24,18 +24,33 @@ from runner.core.text import one_line
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How each episode's sandbox is made and which protocol the model speaks."""
+    """How each episode's sandbox is made, which protocol the model speaks, and how runs are graded.
+
+    ``hints`` is the hint level every scenario runs at (capped at the hints
+    it has); ``ladder`` instead starts at 0 and climbs a level after each
+    failure. ``track_fix`` re-runs the success probes after each agent
+    command, for ``fixed_at`` and ``regressed``.
+    """
 
     accel: str = "auto"
     transport: str = "serial"
     protocol: str = "auto"
     repeat: int = 1
+    hints: int = 0
+    ladder: bool = False
+    track_fix: bool = True
 
 
 def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
-           opts: RunOptions, round_: int, sandbox: dict[str, Any]) -> dict[str, Any]:
-    """The cassette's first event: everything needed to replay the run without its spec file."""
-    return {
+           opts: RunOptions, round_: int, sandbox: dict[str, Any], *,
+           hint_level: int = 0) -> dict[str, Any]:
+    """The cassette's first event: everything needed to replay the run without its spec file.
+
+    ``hint_level`` (the task sent) and ``track_fix`` (the extra probe runs
+    through the guest) change what the run asks of the model and the guest,
+    so replay reads both from here; a header without them is level 0, off.
+    """
+    out = {
         "type": "header", "format": FORMAT_VERSION,
         "harness": {"name": "rootbench", "version": __version__},
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -43,25 +58,35 @@ def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
         "image": sandbox, "model": model.fingerprint(), "agent": model.agent.value,
         "protocol": {"name": protocol.name, "reason": reason},
         "options": {"accel": opts.accel, "transport": opts.transport}, "round": round_,
+        "hint_level": hint_level, "track_fix": opts.track_fix,
     }
+    seed = getattr(model, "seed", None)
+    if isinstance(seed, int):
+        out["seed"] = seed
+    return out
 
 
 def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
-            opts: RunOptions, cassette_path: Path, *, round_: int = 0) -> Episode:
-    """One scenario in a fresh sandbox, recorded to ``cassette_path``."""
+            opts: RunOptions, cassette_path: Path, *, round_: int = 0,
+            hint_level: int = 0) -> Episode:
+    """One scenario in a fresh sandbox at ``hint_level``, recorded to ``cassette_path``."""
     with CassetteWriter(cassette_path) as writer, contextlib.ExitStack() as stack:
         try:
             box = stack.enter_context(Sandbox(scenario.image, accel=opts.accel,
                                               transport=opts.transport))
         except InfraError as exc:
-            writer.write(header(scenario, model, protocol, reason, opts, round_, {}))
+            writer.write(header(scenario, model, protocol, reason, opts, round_, {},
+                                hint_level=hint_level))
             ep = Episode(scenario=scenario.id, agent=model.agent, model=model.name,
-                         protocol=protocol.name, round=round_, verdict=Verdict.INFRA_ERROR,
+                         protocol=protocol.name, round=round_, hint_level=hint_level,
+                         verdict=Verdict.INFRA_ERROR,
                          stop=StopReason.INFRA_ERROR, reason=f"sandbox: {one_line(str(exc))}",
                          cassette=str(cassette_path))
             writer.write({"type": "verdict", **ep.to_dict()})
             return ep
-        writer.write(header(scenario, model, protocol, reason, opts, round_, box.info.to_dict()))
+        writer.write(header(scenario, model, protocol, reason, opts, round_, box.info.to_dict(),
+                            hint_level=hint_level))
         return run_episode(scenario, RecordingGuest(box.guest, writer),
                            RecordingModel(model, writer), protocol, Clock(writer), writer,
-                           vm_killed=box.killed_externally, round_=round_)
+                           vm_killed=box.killed_externally, round_=round_,
+                           hint_level=hint_level, track_fix=opts.track_fix)

@@ -42,6 +42,7 @@ class ReplayOutcome:
     note: str
     seconds: float
     turns: int
+    episode: Episode | None = None  # the replayed episode, when the replay reached a verdict
 
     @property
     def same(self) -> bool:
@@ -56,6 +57,8 @@ class Replayable:
     cassette: Cassette
     scenario: Scenario
     protocol: Protocol
+    hint_level: int = 0  # the header's (absent: 0, as before hints existed)
+    track_fix: bool = False  # the header's (absent: off, as before fix tracking existed)
 
 
 def load_replayable(path: Path) -> Replayable:
@@ -71,7 +74,16 @@ def load_replayable(path: Path) -> Replayable:
         raise InvalidInput(exc.detail, path=str(path), line=1,
                            field=f"header.{'scenario' if exc.field != '--protocol' else 'protocol'}"
                            ) from None
-    return Replayable(cas, scenario, protocol)
+    level = cas.header.get("hint_level", 0)
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= len(scenario.hints):
+        raise InvalidInput(f"hint level {level!r} is not one the recorded scenario has "
+                           f"({len(scenario.hints)} hint(s))", path=str(path), line=1,
+                           field="header.hint_level")
+    track = cas.header.get("track_fix", False)
+    if not isinstance(track, bool):
+        raise InvalidInput(f"must be true or false, not {track!r}", path=str(path), line=1,
+                           field="header.track_fix")
+    return Replayable(cas, scenario, protocol, hint_level=level, track_fix=track)
 
 
 def unreadable(path: Path, exc: InvalidInput) -> ReplayOutcome:
@@ -152,17 +164,24 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
         notes.insert(0, ep.reason)
     notes.extend(model.mismatches)
     return ReplayOutcome(path, scenario.id, recorded, replayed, result,
-                         _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns)
+                         _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns, ep)
 
 
 def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
          clock: ReplayClock | None, *, offline: bool, accel: str, transport: str) -> Episode:
-    """The episode itself: offline from the cassette's guest and clock, else on a fresh VM."""
+    """The episode itself: offline from the cassette's guest and clock, else on a fresh VM.
+
+    The hint level and fix tracking come from the header (absent: 0 and off,
+    as every cassette recorded before them ran): the same task text and the
+    same probe runs through the guest as the recording.
+    """
     cas, scenario = rep.cassette, rep.scenario
+    round_ = int(cas.header.get("round", 0))
     if offline:
         assert guest is not None and clock is not None
-        return run_episode(scenario, guest, model, rep.protocol, clock, None,
-                           round_=int(cas.header.get("round", 0)))
+        return run_episode(scenario, guest, model, rep.protocol, clock, None, round_=round_,
+                           hint_level=rep.hint_level, track_fix=rep.track_fix)
     with Sandbox(scenario.image, accel=accel, transport=transport) as box:
         return run_episode(scenario, box.guest, model, rep.protocol, Clock(), None,
-                           vm_killed=box.killed_externally, round_=int(cas.header.get("round", 0)))
+                           vm_killed=box.killed_externally, round_=round_,
+                           hint_level=rep.hint_level, track_fix=rep.track_fix)

@@ -35,6 +35,51 @@ def _row(ep: Episode) -> list[Any]:
 HEADERS = ["scenario", "verdict", "seconds", "turns", "commands", "tokens in/out", "flags"]
 
 
+def assists(episodes: Sequence[Episode]) -> dict[tuple[str, int], int | None]:
+    """Per (scenario, round): the lowest hint level that passed, None when none did.
+
+    With ``--ladder`` this is how much help the model needed: 0 solved it
+    unaided, k needed the first k hints, None never solved it.
+    """
+    out: dict[tuple[str, int], int | None] = {}
+    for ep in episodes:
+        key = (ep.scenario, ep.round)
+        best = out.get(key)
+        if ep.verdict is Verdict.PASS and (best is None or ep.hint_level < best):
+            out[key] = ep.hint_level
+        else:
+            out.setdefault(key, None)
+    return out
+
+
+def _graded(episodes: Sequence[Episode]) -> tuple[list[str], list[list[str]]]:
+    """The grading columns the runs have something in: hint level and assist, score,
+    milestones, time to fix; an old results file with none of them gets none."""
+    headers: list[str] = []
+    cells: list[list[str]] = [[] for _ in episodes]
+    if any(ep.hint_level for ep in episodes):
+        helped = assists(episodes)
+        headers += ["hints", "assist"]
+        for row, ep in zip(cells, episodes, strict=True):
+            level = helped.get((ep.scenario, ep.round))
+            row += [str(ep.hint_level), "-" if level is None else str(level)]
+    columns = (
+        ("score", lambda ep: None if ep.score is None else f"{ep.score:.2f}"),
+        ("milestones", lambda ep: None if ep.milestone_fraction is None
+         else f"{ep.milestone_fraction:.2f}"),
+        ("fixed at", lambda ep: None if not ep.fixed_at
+         else f"t{ep.fixed_at['turn']} {ep.fixed_at['seconds']:.0f}s"
+         + (" regressed" if ep.regressed else "")),
+    )
+    for title, cell in columns:
+        values = [cell(ep) for ep in episodes]
+        if any(v is not None for v in values):
+            headers.append(title)
+            for row, v in zip(cells, values, strict=True):
+                row.append("-" if v is None else v)
+    return headers, cells
+
+
 def summary_counts(episodes: Sequence[Episode]) -> dict[str, int]:
     """How many runs ended with each verdict, keyed by the verdict's spelling."""
     counts = Counter(ep.verdict for ep in episodes)
@@ -53,7 +98,11 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
                            "statistics": summarize(episodes).to_dict(),
                            "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
-    table = tabulate([_row(ep) for ep in episodes], headers=HEADERS, tablefmt=tablefmt)
+    extra, cells = _graded(episodes)
+    table = tabulate([_row(ep) + more for ep, more in zip(episodes, cells, strict=True)],
+                     headers=HEADERS + extra, tablefmt=tablefmt,
+                     # the graded cells are formatted already ("1.00" must not become 1)
+                     disable_numparse=list(range(len(HEADERS), len(HEADERS) + len(extra))))
     lines = [table, "", summary_line(episodes)]
     tps = [(ep.prompt_tps, ep.gen_tps) for ep in episodes if ep.prompt_tps and ep.gen_tps]
     if tps:

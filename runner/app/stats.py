@@ -259,6 +259,8 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
     n = len(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
     assists = [a for a in (assist_of(e) for e in scored) if a is not None]
+    if not any(assists):  # every run carries a level now; all at 0, no hints were given
+        assists = []
     by_k = overall_k if overall_k is not None else {
         k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
     return Summary(

@@ -12,6 +12,13 @@ The order is fixed and the same in every mode (live, replay, offline):
 5. post-check: success probes (waiting up to their ``within``) and
    invariants decide the verdict; forbidden commands flag it ``unsafe``.
 
+Beyond pass/fail, each run is graded so that two models that both fail can
+still be told apart: ``score`` (the weighted share of success probes that
+pass at the end), ``milestones`` (evidence in the transcript that the agent
+found the cause), and with fix tracking on, ``fixed_at`` and ``regressed``
+(the success probes re-run, without waiting, after every agent command).
+Everything is computed from what the loop saw, so replay reproduces it.
+
 An infrastructure failure at any step makes the verdict ``infra-error``: it
 is never counted for or against the model.
 """
@@ -21,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +40,7 @@ from runner.core.model import ChatRequest, Model
 from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, StopReason, Verdict
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
-from runner.core.spec import Scenario
+from runner.core.spec import Probe, Scenario, task_text
 from runner.core.text import clean_text, one_line
 
 log = logging.getLogger("rootbench.agent")
@@ -70,6 +77,12 @@ class Episode:
     baseline: list[dict[str, Any]] = field(default_factory=list)
     stop: StopReason = StopReason.NOT_STARTED
     cassette: str | None = None
+    hint_level: int = 0  # how many of the scenario's hints the task carried
+    score: float | None = None  # weighted share of success probes passing; None: not scored
+    milestones: list[str] = field(default_factory=list)  # names reached, in the order reached
+    milestone_fraction: float | None = None  # None: the scenario has none, or the run is not scored
+    fixed_at: dict[str, Any] | None = None  # {"turn", "seconds"}: probes first all passed
+    regressed: bool | None = None  # fixed, then broken again; None: fix tracking was off
 
     def __post_init__(self) -> None:
         # Results files and cassettes hold plain strings; read them back as the vocabulary.
@@ -122,11 +135,19 @@ def _assistant_message(message: Any) -> dict[str, Any]:
     return kept
 
 
+def weighted_score(probes: Sequence[Probe], results: Sequence[ProbeResult]) -> float:
+    """The weighted share of ``probes`` whose result passed: 1.0 exactly when every one did."""
+    total = sum(p.weight for p in probes)
+    passed = sum(p.weight for p, r in zip(probes, results, strict=True)
+                 if r.outcome is ProbeOutcome.PASS)
+    return 1.0 if passed == total else passed / total
+
+
 class _Loop:
     """The agent loop's state; a class only so the steps can share it."""
 
     def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
-                 clock: Clock, episode: Episode) -> None:
+                 clock: Clock, episode: Episode, *, track_fix: bool = False) -> None:
         self.s = scenario
         self.guest = guest
         self.model = model
@@ -135,10 +156,15 @@ class _Loop:
         self.ep = episode
         self.forbidden = [re.compile(rx) for rx in scenario.forbidden]
         self.runs: dict[str, int] = {}  # command -> times run, for the repeat note
+        self.track_fix = track_fix
+        self.first_command_at: float | None = None  # clock reading, only when tracking
+        self.last_command_turn = 0
+        self.tracking_seconds = 0.0  # spent re-running probes: the harness's time, not the agent's
 
     def left(self, started: float) -> BudgetLeft:
         return BudgetLeft(turns=max(self.s.budget.turns - self.ep.turns, 0),
-                          seconds=max(self.s.budget.seconds - (self.clock.now() - started), 0.0))
+                          seconds=max(self.s.budget.seconds - (self.clock.now() - started
+                                                               - self.tracking_seconds), 0.0))
 
     def run(self) -> None:
         budget = self.s.budget
@@ -146,7 +172,7 @@ class _Loop:
         first = BudgetLeft(turns=budget.turns, seconds=float(budget.seconds))
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": self.protocol.system_prompt(self.s.system_prompt, first)},
-            {"role": "user", "content": self.s.task},
+            {"role": "user", "content": task_text(self.s, self.ep.hint_level)},
         ]
         while True:
             left = self.left(started)
@@ -198,8 +224,16 @@ class _Loop:
             timeout = min(timeout, max(float(action.timeout), 1.0))
         timeout = max(1.0, min(timeout, self.left(started).seconds or 1.0))
         log.info("  $ %s", one_line(action.command, 120))
+        if self.track_fix and self.first_command_at is None:
+            self.first_command_at = self.clock.now()
         result = self.guest.exec(action.command, timeout, budget.output_limit)
+        self.last_command_turn = self.ep.turns
         output = _cap(result, budget.output_limit)
+        for m in self.s.milestones:  # what the agent saw, before the repeat note is added
+            if m.name not in self.ep.milestones and m.reached_by(action.command, output):
+                self.ep.milestones.append(m.name)
+        if self.track_fix:
+            self._track()
         # Small models loop on one command; saying so is the cheapest guardrail there is.
         key = action.command.strip()
         self.runs[key] = self.runs.get(key, 0) + 1
@@ -208,6 +242,29 @@ class _Loop:
             output += (f"\n[you have now run this exact command {self.runs[key]} times; "
                        "if it is not getting you closer, try something different]")
         return self.protocol.observation(action, result, output, self.left(started))
+
+    def _track(self) -> None:
+        """Re-run the success probes without waiting: when was it first fixed, did it break again?
+
+        The time this takes is not taken from the agent's budget: tracking is
+        the harness watching, and must not make a run end sooner.
+        """
+        t0 = self.clock.now()
+        results = run_probes(self.guest, self.s.probes, self.clock, wait=False)
+        fixed = all(r.outcome is ProbeOutcome.PASS for r in results)
+        if fixed and self.ep.fixed_at is None:
+            self.mark_fixed(t0)
+        elif not fixed and self.ep.fixed_at is not None:
+            self.ep.regressed = True
+        self.tracking_seconds += max(self.clock.now() - t0, 0.0)
+
+    def mark_fixed(self, at: float | None = None) -> None:
+        """Fixed as of the last agent command: its turn, and the agent's seconds from its first
+        command to ``at`` (default now), the time spent tracking left out."""
+        assert self.first_command_at is not None
+        at = self.clock.now() if at is None else at
+        seconds = at - self.first_command_at - self.tracking_seconds
+        self.ep.fixed_at = {"turn": self.last_command_turn, "seconds": round(max(seconds, 0.0), 3)}
 
     def _count_usage(self, usage: dict[str, Any]) -> None:
         self.ep.tokens_in += int(usage.get("prompt_tokens") or 0)
@@ -219,17 +276,24 @@ class _Loop:
 
 def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
                 clock: Clock, writer: CassetteWriter | None = None, *,
-                vm_killed: Callable[[], bool] | None = None, round_: int = 0) -> Episode:
+                vm_killed: Callable[[], bool] | None = None, round_: int = 0,
+                hint_level: int = 0, track_fix: bool = False) -> Episode:
     """Run one scenario end to end on a ready guest and return its verdict.
 
     ``vm_killed`` tells a VM killed from outside (the host's fault: infra-error)
     from one the agent shut down or crashed (the model's fault: fail, vm-down).
+    ``hint_level`` ends the task with that many of the scenario's hints.
+    ``track_fix`` re-runs the success probes after every agent command (more
+    guest exchanges, so a replay must be told the same: the cassette header
+    records it).
     """
     t0 = time.monotonic()
+    task_text(scenario, hint_level)  # a level the scenario has no hints for is refused at once
     ep = Episode(scenario=scenario.id, agent=model.agent, model=model.name, protocol=protocol.name,
-                 round=round_, cassette=str(writer.path) if writer else None)
+                 round=round_, cassette=str(writer.path) if writer else None,
+                 hint_level=hint_level, regressed=False if track_fix else None)
     try:
-        _phases(scenario, guest, model, protocol, clock, ep)
+        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
             ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
@@ -244,14 +308,32 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
         ep.reason = clean_text(str(exc)).splitlines()[0][:200] if str(exc) else type(exc).__name__
     if ep.unsafe_commands and Flag.UNSAFE not in ep.flags:
         ep.flags.append(Flag.UNSAFE)
+    _grade(scenario, ep)
     ep.seconds = round(time.monotonic() - t0, 3)
     if writer is not None:
         writer.write({"type": "verdict", **ep.to_dict()})
     return ep
 
 
+def _grade(scenario: Scenario, ep: Episode) -> None:
+    """Score and milestone fraction for a scored run; None for one that says nothing of the model.
+
+    A scored run whose final probes never ran (the agent took the server
+    down) scores 0: nothing it was asked to fix can be shown to work.
+    """
+    if not ep.verdict.scored:
+        ep.score = ep.milestone_fraction = None
+        return
+    if ep.verdict is Verdict.PASS:
+        ep.score = 1.0
+    elif ep.score is None:
+        ep.score = 0.0
+    if scenario.milestones:
+        ep.milestone_fraction = len(ep.milestones) / len(scenario.milestones)
+
+
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
-            ep: Episode) -> None:
+            ep: Episode, *, track_fix: bool = False) -> None:
     baseline = run_probes(guest, scenario.invariants, clock, wait=False)
     ep.baseline = _as_dicts(baseline)
     for i, command in enumerate(scenario.setup):
@@ -268,12 +350,21 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
         ep.reason = "the fault did not land: every success probe passed before the agent acted"
         return
 
-    _Loop(scenario, guest, model, protocol, clock, ep).run()
+    loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
+    loop.run()
     if not guest.alive():
         raise GuestDown("the guest is down after the agent's last command")
 
     post = run_probes(guest, scenario.probes, clock)
     ep.probes = _as_dicts(post)
+    ep.score = weighted_score(scenario.probes, post)
+    if track_fix and loop.first_command_at is not None:
+        fixed = all(r.outcome is ProbeOutcome.PASS for r in post)
+        if fixed and ep.fixed_at is None:
+            # Fixed by the last command, but only once the probes' ``within`` had let it settle.
+            loop.mark_fixed()
+        elif not fixed and ep.fixed_at is not None:
+            ep.regressed = True
     inv = run_probes(guest, scenario.invariants, clock)
     ep.invariants = _as_dicts(inv)
     if any(r.outcome is not ProbeOutcome.PASS for r in inv):

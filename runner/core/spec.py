@@ -50,11 +50,14 @@ class Probe:
     ``condition`` is one of the typed kinds in :mod:`runner.core.probes`, so
     the spec is read once, here, and the checks never dig in a mapping.
     ``within`` (seconds) lets a probe keep retrying while a fix settles.
+    ``weight`` is how much the probe counts in a run's partial score: the
+    part of a fix that matters most can weigh more than a side check.
     """
 
     condition: ProbeKind
     name: str
     within: float | None = None
+    weight: float = 1.0  # the probe's share of the run's score (success probes only)
 
     @property
     def kind(self) -> str:
@@ -63,9 +66,14 @@ class Probe:
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as a cassette header stores it; the shape predates the typed kinds
-        and is kept, so old cassettes load and new ones read the same."""
-        return {"kind": self.kind, "params": self.condition.to_params(), "name": self.name,
-                "within": self.within}
+        and is kept, so old cassettes load and new ones read the same. ``weight`` is
+        written only when it is not the default, so a spec without weights records
+        exactly the header it always did."""
+        out: dict[str, Any] = {"kind": self.kind, "params": self.condition.to_params(),
+                               "name": self.name, "within": self.within}
+        if self.weight != 1.0:
+            out["weight"] = self.weight
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Probe:
@@ -78,8 +86,57 @@ class Probe:
         name = d["name"]
         if not isinstance(name, str):
             raise TypeError(f"probe 'name' must be a string, not {type(name).__name__}")
+        weight = d.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise TypeError(f"probe 'weight' must be a positive number, not {weight!r}")
         return cls(condition=KINDS[d["kind"]].from_params(d["params"]), name=name,
-                   within=None if within is None else float(within))
+                   within=None if within is None else float(within), weight=float(weight))
+
+
+@dataclass(frozen=True)
+class Milestone:
+    """Evidence in the transcript that the agent found the cause: scored, never needed to pass.
+
+    Exactly one of ``command_matches`` (an RE2 regex searched in each command
+    the agent ran) and ``output_contains`` (a substring of a command's output
+    as the agent saw it) is set. Milestones tell apart two failed runs: one
+    that never looked and one that found the cause but could not fix it.
+    """
+
+    name: str
+    command_matches: str | None = None
+    output_contains: str | None = None
+
+    def reached_by(self, command: str, output: str) -> bool:
+        """Whether one agent command (and the output it got back) is this milestone's evidence."""
+        if self.command_matches is not None:
+            return compile_pattern(self.command_matches).search(command) is not None
+        return self.output_contains is not None and self.output_contains in output
+
+    def to_dict(self) -> dict[str, Any]:
+        """The milestone as a cassette header stores it (only the field it uses)."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.command_matches is not None:
+            out["command_matches"] = self.command_matches
+        if self.output_contains is not None:
+            out["output_contains"] = self.output_contains
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Milestone:
+        """Read :meth:`to_dict`'s shape back; a damaged entry is a KeyError or TypeError."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a milestone must be a mapping, not {type(d).__name__}")
+        unknown = set(d) - {"name", "command_matches", "output_contains"}
+        if unknown:
+            raise TypeError(f"unknown milestone key {sorted(unknown)[0]!r}")
+        values = [d.get("name"), d.get("command_matches"), d.get("output_contains")]
+        if not isinstance(values[0], str) or any(v is not None and not isinstance(v, str)
+                                                  for v in values[1:]):
+            raise TypeError("a milestone's name and pattern must be strings")
+        if (values[1] is None) == (values[2] is None):
+            raise TypeError("a milestone needs exactly one of command_matches, output_contains")
+        return cls(name=values[0], command_matches=values[1], output_contains=values[2])
 
 
 @dataclass(frozen=True)
@@ -100,6 +157,27 @@ class Scenario:
     forbidden: tuple[str, ...] = ()
     path: str = ""
     spec_hash: str = ""
+    hints: tuple[str, ...] = ()  # from vague to specific; level k gives the agent the first k
+    milestones: tuple[Milestone, ...] = ()
+
+
+HINTS_HEADING = "Hints:"
+
+
+def task_text(scenario: Scenario, hint_level: int = 0) -> str:
+    """The task as the agent is sent it at ``hint_level``: the spec's task, then the first k hints.
+
+    Level 0 is the task exactly as written, so every run recorded before
+    hints existed asks the model the same thing it did. A level above the
+    number of hints is an error: a run must never claim more help than it had.
+    """
+    if not 0 <= hint_level <= len(scenario.hints):
+        raise ValueError(f"hint level {hint_level} out of range: {scenario.id!r} has "
+                         f"{len(scenario.hints)} hint(s)")
+    if hint_level == 0:
+        return scenario.task
+    lines = "\n".join(f"- {h}" for h in scenario.hints[:hint_level])
+    return f"{scenario.task}\n\n{HINTS_HEADING}\n{lines}"
 
 
 # --- YAML with line numbers, no aliases, no duplicate keys --------------------------------
@@ -191,7 +269,8 @@ def _probe_kind_error(data: dict[str, Any], where: str,
             if not isinstance(probe, dict):
                 continue
             kinds = [k for k in probe if k in PROBE_KINDS]
-            unknown = [k for k in probe if k not in PROBE_KINDS and k not in ("name", "within")]
+            unknown = [k for k in probe if k not in PROBE_KINDS
+                       and k not in ("name", "within", "weight")]
             path = (section, i)
             if unknown:
                 return InvalidInput(f"unknown probe kind or key {unknown[0]!r} (kinds: "
@@ -239,7 +318,8 @@ def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
         condition = KINDS[kind].from_params(item[kind])
         within = item.get("within")
         out.append(Probe(condition=condition, name=item.get("name") or condition.describe(),
-                         within=float(within) if within is not None else None))
+                         within=float(within) if within is not None else None,
+                         weight=float(item.get("weight", 1.0))))
     return tuple(out)
 
 
@@ -252,6 +332,10 @@ def _check_regexes(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...]
             rx = (probe.get("command") or {}).get("stdout_matches")
             if rx is not None:
                 found.append(((section, i, "command", "stdout_matches"), rx, True))
+    for i, milestone in enumerate(data.get("milestones") or []):
+        rx = milestone.get("command_matches")
+        if rx is not None:
+            found.append((("milestones", i, "command_matches"), rx, False))
     for path, rx, multiline in found:
         try:
             compile_pattern(rx, multiline=multiline)
@@ -336,6 +420,10 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         invariants=_probes(data.get("invariants") or []), solution=tuple(data["solution"]),
         forbidden=tuple(data.get("forbidden") or ()), path=where,
         spec_hash=hashlib.sha256(text.encode()).hexdigest(),
+        hints=tuple(data.get("hints") or ()),
+        milestones=tuple(Milestone(name=m["name"], command_matches=m.get("command_matches"),
+                                   output_contains=m.get("output_contains"))
+                         for m in data.get("milestones") or ()),
     )
 
 
@@ -430,11 +518,18 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     """The scenario as plain JSON, for a cassette header (replay needs no spec file).
 
     Probes are written by :meth:`Probe.to_dict`, in the shape cassettes have
-    always had, not as ``asdict`` would spell the typed kinds.
+    always had, not as ``asdict`` would spell the typed kinds. ``hints`` and
+    ``milestones`` are written only when the spec has some, so a spec without
+    them records exactly the header it did before they existed.
     """
-    out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=()))
+    out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=(), milestones=()))
     out["probes"] = [p.to_dict() for p in s.probes]
     out["invariants"] = [p.to_dict() for p in s.invariants]
+    del out["milestones"]
+    if not s.hints:
+        del out["hints"]
+    if s.milestones:
+        out["milestones"] = [m.to_dict() for m in s.milestones]
     return out
 
 
@@ -445,8 +540,9 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         fields["budget"] = Budget(**fields["budget"])
         for key in ("probes", "invariants"):
             fields[key] = tuple(Probe.from_dict(p) for p in fields[key])
-        for key in ("tags", "setup", "solution", "forbidden"):
+        for key in ("tags", "setup", "solution", "forbidden", "hints"):
             fields[key] = tuple(fields.get(key) or ())
+        fields["milestones"] = tuple(Milestone.from_dict(m) for m in fields.get("milestones") or ())
         return Scenario(**fields)
     except (KeyError, TypeError) as exc:
         raise InvalidInput(f"the cassette's scenario is unreadable: {exc}",
