@@ -26,7 +26,6 @@ is never counted for or against the model.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelSer
 from runner.core.guest import CommandResult, Guest
 from runner.core.model import ChatRequest, Model
 from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, StopReason, Verdict
+from runner.core.patterns import compile_pattern
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.spec import Probe, Scenario, task_text
@@ -154,7 +154,7 @@ class _Loop:
         self.protocol = protocol
         self.clock = clock
         self.ep = episode
-        self.forbidden = [re.compile(rx) for rx in scenario.forbidden]
+        self.forbidden = [compile_pattern(rx) for rx in scenario.forbidden]  # RE2: linear time
         self.runs: dict[str, int] = {}  # command -> times run, for the repeat note
         self.track_fix = track_fix
         self.first_command_at: float | None = None  # clock reading, only when tracking
