@@ -317,7 +317,7 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
                          retry_infra=args.retry_infra,
                          record_to=Path(args.record_to) if args.record_to else None,
                          record_mode=RecordMode(args.record_mode))
-    _out(render_table(episodes, args.format))
+    _out(render_table(episodes, args.format, ladder=args.ladder))
     if args.repeat > 1 and args.format != "json":
         _out("")
         _out(pass_at(episodes, args.format))

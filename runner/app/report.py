@@ -52,12 +52,13 @@ def assists(episodes: Sequence[Episode]) -> dict[tuple[str, int], int | None]:
     return out
 
 
-def _graded(episodes: Sequence[Episode]) -> tuple[list[str], list[list[str]]]:
-    """The grading columns the runs have something in: hint level and assist, score,
-    milestones, time to fix; an old results file with none of them gets none."""
+def _graded(episodes: Sequence[Episode],
+            ladder: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The grading columns the runs have something in: hint level and assist (always with
+    ``ladder``), score, milestones, time to fix; an old results file with none of them gets none."""
     headers: list[str] = []
     cells: list[list[str]] = [[] for _ in episodes]
-    if any(ep.hint_level for ep in episodes):
+    if ladder or any(ep.hint_level for ep in episodes):
         helped = assists(episodes)
         headers += ["hints", "assist"]
         for row, ep in zip(cells, episodes, strict=True):
@@ -91,14 +92,16 @@ def summary_line(episodes: Sequence[Episode]) -> str:
     return f"{len(episodes)} runs: " + ", ".join(f"{n} {v}" for v, n in c.items())
 
 
-def render_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
-    """The results table (or JSON) for the terminal."""
+def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
+                 ladder: bool = False) -> str:
+    """The results table (or JSON) for the terminal; ``ladder`` shows the assist column even
+    when every round passed unaided."""
     if fmt == "json":
         return json.dumps({"summary": summary_counts(episodes),
                            "statistics": summarize(episodes).to_dict(),
                            "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
-    extra, cells = _graded(episodes)
+    extra, cells = _graded(episodes, ladder)
     table = tabulate([_row(ep) + more for ep, more in zip(episodes, cells, strict=True)],
                      headers=HEADERS + extra, tablefmt=tablefmt,
                      # the graded cells are formatted already ("1.00" must not become 1)

@@ -1,0 +1,457 @@
+"""Results that tell models apart: hints, milestones, weighted scores, fix tracking, the ladder.
+
+Everything but the last tests runs offline: a small in-memory guest whose
+state is a set of flags (``touch X`` sets one, ``rm X`` clears it, the probe
+``test -e X`` checks it) drives the real episode loop, recorder and replayer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.app import bench as bench_mod
+from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
+from runner.app.cli import main
+from runner.app.episodes import RunOptions, header, run_one
+from runner.app.replay import replay_one
+from runner.app.report import assists, render_table
+from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.clock import Clock
+from runner.core.episode import Episode, run_episode, weighted_score
+from runner.core.errors import InvalidInput
+from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.model import ScriptedModel, oracle
+from runner.core.outcomes import AgentKind, ProbeOutcome, Verdict
+from runner.core.paths import repo_root
+from runner.core.probes import ProbeResult
+from runner.core.protocol import get_protocol
+from runner.core.recording import RecordingGuest, RecordingModel
+from runner.core.spec import (
+    HINTS_HEADING,
+    load_spec,
+    scenario_from_dict,
+    scenario_to_dict,
+    task_text,
+)
+
+SPEC = textwrap.dedent("""\
+    id: flags
+    title: Two flags must be set
+    image: debian-12-nginx
+    task: Set the flags.
+    setup: [rm -f a b]
+    hints:
+      - Look at the flags.
+      - Flag a matters most.
+      - touch a and touch b.
+    milestones:
+      - name: listed the flags
+        command_matches: '^ls\\b'
+      - name: saw the missing flag
+        output_contains: 'a is missing'
+    probes:
+      - name: flag a
+        command: {run: test -e a}
+        weight: 3
+      - name: flag b
+        command: {run: test -e b}
+    solution: [touch a, touch b]
+""")
+
+
+class FlagGuest(Guest):
+    """A guest whose whole state is a set of flags; enough for the loop, probes and recorder."""
+
+    def __init__(self) -> None:
+        self.flags: set[str] = set()
+
+    def _run(self, command: str) -> CommandResult:
+        words = command.split()
+        if words[:1] == ["sudo"]:
+            words = words[1:]
+        if words[:1] == ["touch"]:
+            self.flags.update(words[1:])
+        elif words[:1] == ["rm"]:
+            self.flags.difference_update(w for w in words[1:] if not w.startswith("-"))
+        elif words[:2] == ["test", "-e"]:
+            return CommandResult(0 if words[2] in self.flags else 1, "", 0.01)
+        elif words[:1] == ["ls"]:
+            out = " ".join(sorted(self.flags)) + ("" if "a" in self.flags else "\na is missing")
+            return CommandResult(0, out, 0.01)
+        return CommandResult(0, "", 0.01)
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        return self._run(command)
+
+    def run_clean(self, command: str, timeout: float) -> CommandResult:
+        return self._run(command)
+
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        return HttpResult(None, "", "no web server here")
+
+    def alive(self) -> bool:
+        return True
+
+
+class TaskSpy(ScriptedModel):
+    """The oracle, remembering the task text it was sent."""
+
+    def __init__(self, commands: list[str]) -> None:
+        super().__init__(AgentKind.ORACLE, commands, "done")
+        self.task = ""
+
+    def complete(self, request: Any, timeout: float) -> Any:
+        if not self.task:
+            self.task = request.messages[1]["content"]
+        return super().complete(request, timeout)
+
+
+def _spec(tmp_path: Path, text: str = SPEC) -> Path:
+    path = tmp_path / "flags.yaml"
+    path.write_text(text)
+    return path
+
+
+def _run(tmp_path: Path, commands: list[str], *, hint_level: int = 0, track_fix: bool = False,
+         record: Path | None = None) -> Episode:
+    scenario = load_spec(_spec(tmp_path))
+    model = ScriptedModel(AgentKind.ORACLE, commands, "done")
+    protocol = get_protocol("tools")
+    if record is None:
+        return run_episode(scenario, FlagGuest(), model, protocol, Clock(), None,
+                           hint_level=hint_level, track_fix=track_fix)
+    opts = RunOptions(track_fix=track_fix)
+    with CassetteWriter(record) as writer:
+        writer.write(header(scenario, model, protocol, "test", opts, 0, {}, hint_level=hint_level))
+        return run_episode(scenario, RecordingGuest(FlagGuest(), writer),
+                           RecordingModel(model, writer), protocol, Clock(writer), writer,
+                           hint_level=hint_level, track_fix=track_fix)
+
+
+# --- the scenario format ------------------------------------------------------------------------
+
+def test_hints_milestones_and_weights_load(tmp_path: Path) -> None:
+    s = load_spec(_spec(tmp_path))
+    assert s.hints == ("Look at the flags.", "Flag a matters most.", "touch a and touch b.")
+    assert [m.name for m in s.milestones] == ["listed the flags", "saw the missing flag"]
+    assert [p.weight for p in s.probes] == [3.0, 1.0]
+
+
+@pytest.mark.parametrize(("milestone", "field", "line"), [
+    ("{name: x, command_matches: '(?<=a)b'}", "milestones[0].command_matches", 11),
+    ("{name: x, command_matches: 'a', output_contains: 'b'}", "milestones[0]", 11),
+    ("{name: x}", "milestones[0]", 11),
+    ("{name: x, output_contains: ''}", "milestones[0].output_contains", 11),
+    ("{name: x, output_contains: y, extra: 1}", "milestones[0]", 11),
+])
+def test_a_bad_milestone_is_refused_with_file_line_and_field(tmp_path: Path, milestone: str,
+                                                             field: str, line: int) -> None:
+    old = "milestones:\n  - name: listed the flags\n    command_matches: '^ls\\b'\n"
+    assert old in SPEC
+    path = _spec(tmp_path, SPEC.replace(old, f"milestones:\n  - {milestone}\n"))
+    with pytest.raises(InvalidInput) as info:
+        load_spec(path)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{path}:{line}: {field}:"), str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["weight: 0", "weight: -1", "weight: heavy"])
+def test_a_bad_weight_is_refused(tmp_path: Path, bad: str) -> None:
+    path = _spec(tmp_path, SPEC.replace("weight: 3", bad))
+    with pytest.raises(InvalidInput) as info:
+        load_spec(path)
+    assert info.value.field == "probes[0].weight"
+
+
+def test_empty_hints_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput) as info:
+        load_spec(_spec(tmp_path, SPEC.replace("  - Look at the flags.", "  - ''")))
+    assert info.value.field == "hints[0]"
+
+
+def test_a_spec_without_the_new_fields_serialises_as_before() -> None:
+    """No hints, milestones or weight keys: old cassette headers and new ones read the same."""
+    s = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    d = scenario_to_dict(s)
+    assert "hints" not in d and "milestones" not in d
+    assert all("weight" not in p for p in d["probes"] + d["invariants"])
+    recorded = Cassette.load(repo_root() / "recordings" / "oracle" / "rogue-port-80.jsonl")
+    assert json.dumps(d, sort_keys=True) == json.dumps(recorded.header["scenario"], sort_keys=True)
+
+
+def test_the_new_fields_round_trip_through_a_header(tmp_path: Path) -> None:
+    s = load_spec(_spec(tmp_path))
+    d = json.loads(json.dumps(scenario_to_dict(s)))
+    assert d["hints"] == list(s.hints) and d["probes"][0]["weight"] == 3.0
+    assert d["milestones"][0] == {"name": "listed the flags", "command_matches": "^ls\\b"}
+    assert scenario_from_dict(d) == s
+
+
+def test_a_damaged_milestone_in_a_header_is_invalid_input(tmp_path: Path) -> None:
+    d = scenario_to_dict(load_spec(_spec(tmp_path)))
+    d["milestones"] = [{"name": "x"}]
+    with pytest.raises(InvalidInput, match="milestone"):
+        scenario_from_dict(d)
+
+
+# --- hints ----------------------------------------------------------------------------------------
+
+def test_hint_text_at_each_level(tmp_path: Path) -> None:
+    s = load_spec(_spec(tmp_path))
+    assert task_text(s, 0) == "Set the flags."
+    assert task_text(s, 1) == f"Set the flags.\n\n{HINTS_HEADING}\n- Look at the flags."
+    assert task_text(s, 3) == ("Set the flags.\n\nHints:\n- Look at the flags.\n"
+                               "- Flag a matters most.\n- touch a and touch b.")
+    with pytest.raises(ValueError, match="out of range"):
+        task_text(s, 4)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_the_model_is_sent_the_task_with_its_hints(tmp_path: Path, level: int) -> None:
+    s = load_spec(_spec(tmp_path))
+    model = TaskSpy(["touch a", "touch b"])
+    ep = run_episode(s, FlagGuest(), model, get_protocol("tools"), Clock(), None, hint_level=level)
+    assert model.task == task_text(s, level) and ep.hint_level == level
+    assert model.task.count("\n- ") == level
+
+
+# --- score and milestones -------------------------------------------------------------------------
+
+def _results(*outcomes: ProbeOutcome) -> list[ProbeResult]:
+    return [ProbeResult(f"p{i}", "command", o, "") for i, o in enumerate(outcomes)]
+
+
+def test_weighted_score(tmp_path: Path) -> None:
+    probes = load_spec(_spec(tmp_path)).probes
+    P, F = ProbeOutcome.PASS, ProbeOutcome.FAIL
+    assert weighted_score(probes, _results(P, P)) == 1.0
+    assert weighted_score(probes, _results(P, F)) == 0.75
+    assert weighted_score(probes, _results(F, P)) == 0.25
+    assert weighted_score(probes, _results(F, F)) == 0.0
+
+
+@pytest.mark.parametrize(("commands", "verdict", "score"), [
+    (["touch a", "touch b"], Verdict.PASS, 1.0),
+    (["touch a"], Verdict.FAIL, 0.75),
+    (["touch b"], Verdict.FAIL, 0.25),
+    ([], Verdict.FAIL, 0.0),
+])
+def test_a_run_is_scored_by_weight(tmp_path: Path, commands: list[str], verdict: Verdict,
+                                   score: float) -> None:
+    ep = _run(tmp_path, commands)
+    assert (ep.verdict, ep.score) == (verdict, score)
+
+
+def test_an_unscored_run_has_no_score(tmp_path: Path) -> None:
+    # setup leaves flag a, and "solution" irrelevant: the fault did not land when both are set.
+    text = SPEC.replace("setup: [rm -f a b]", "setup: [touch a b]")
+    s = load_spec(_spec(tmp_path, text))
+    ep = run_episode(s, FlagGuest(), oracle([]), get_protocol("tools"), Clock(), None)
+    assert ep.verdict is Verdict.INVALID_SCENARIO
+    assert ep.score is None and ep.milestone_fraction is None
+
+
+def test_milestones_from_the_transcript(tmp_path: Path) -> None:
+    ep = _run(tmp_path, ["echo hello", "ls -la", "touch a", "ls"])
+    assert ep.milestones == ["listed the flags", "saw the missing flag"]
+    assert ep.milestone_fraction == 1.0
+    ep = _run(tmp_path, ["touch a", "ls"])  # listed, but a was already there: no "missing"
+    assert ep.milestones == ["listed the flags"] and ep.milestone_fraction == 0.5
+    ep = _run(tmp_path, ["sudo ls"])  # the regex wants ls first
+    assert ep.milestones == ["saw the missing flag"]
+    assert _run(tmp_path, []).milestones == []
+
+
+# --- fix tracking -------------------------------------------------------------------------------
+
+def test_fix_tracking_finds_the_turn_it_was_fixed(tmp_path: Path) -> None:
+    ep = _run(tmp_path, ["ls", "touch a", "touch b", "ls"], track_fix=True)
+    assert ep.fixed_at is not None and ep.fixed_at["turn"] == 3 and ep.regressed is False
+    assert _run(tmp_path, ["touch a"], track_fix=True).fixed_at is None
+
+
+def test_fix_tracking_sees_a_regression(tmp_path: Path) -> None:
+    ep = _run(tmp_path, ["touch a b", "rm a", "ls"], track_fix=True)
+    assert ep.fixed_at is not None and ep.fixed_at["turn"] == 1
+    assert ep.regressed is True and ep.verdict is Verdict.FAIL
+    ep = _run(tmp_path, ["touch a b", "rm a", "touch a"], track_fix=True)  # broke, fixed again
+    assert ep.verdict is Verdict.PASS and ep.regressed is True and ep.fixed_at["turn"] == 1
+
+
+def test_without_tracking_there_is_nothing_to_say(tmp_path: Path) -> None:
+    ep = _run(tmp_path, ["touch a", "touch b"])
+    assert ep.fixed_at is None and ep.regressed is None
+
+
+@pytest.mark.parametrize(("track_fix", "hint_level"), [(True, 2), (False, 0), (True, 0)])
+def test_replay_follows_the_header(tmp_path: Path, track_fix: bool, hint_level: int) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    ep = _run(tmp_path, ["ls", "touch a", "touch b"], track_fix=track_fix, hint_level=hint_level,
+              record=cassette)
+    head = Cassette.load(cassette).header
+    assert (head["track_fix"], head["hint_level"]) == (track_fix, hint_level)
+    out = replay_one(cassette, offline=True)
+    assert out.same, out.note
+    assert out.episode is not None
+    for key in ("score", "milestones", "milestone_fraction", "fixed_at", "regressed", "hint_level"):
+        assert getattr(out.episode, key) == getattr(ep, key), key
+
+
+def test_a_header_without_the_new_fields_replays_with_level_0_and_no_tracking(
+        tmp_path: Path) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    _run(tmp_path, ["touch a", "touch b"], record=cassette)
+    lines = cassette.read_text().splitlines()
+    head = json.loads(lines[0])
+    del head["track_fix"], head["hint_level"]
+    cassette.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    out = replay_one(cassette, offline=True)
+    assert out.same and out.episode is not None and out.episode.regressed is None
+
+
+def test_a_header_with_tracking_flipped_does_not_replay(tmp_path: Path) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    _run(tmp_path, ["touch a", "touch b"], record=cassette, track_fix=True)
+    lines = cassette.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["track_fix"] = False
+    cassette.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    assert replay_one(cassette, offline=True).result.value == "mismatch"
+
+
+def test_a_header_hint_level_beyond_the_hints_is_unreadable(tmp_path: Path) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    _run(tmp_path, ["touch a", "touch b"], record=cassette)
+    lines = cassette.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["hint_level"] = 9
+    cassette.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    with pytest.raises(InvalidInput) as info:
+        replay_one(cassette, offline=True)
+    assert info.value.field == "header.hint_level"
+
+
+# --- across runs: the ladder --------------------------------------------------------------------
+
+def _fake_run_one(passes_at: int) -> Any:
+    """run_one without a VM: fails below ``passes_at``, passes from it on."""
+    calls: list[tuple[str, int, int]] = []
+
+    def fake(scenario: Any, model: Any, protocol: Any, reason: str, opts: RunOptions,
+             cassette: Path, *, round_: int = 0, hint_level: int = 0) -> Episode:
+        calls.append((scenario.id, round_, hint_level))
+        verdict = Verdict.PASS if hint_level >= passes_at else Verdict.FAIL
+        return Episode(scenario=scenario.id, agent=AgentKind.NOOP, model="noop", protocol="tools",
+                       round=round_, hint_level=hint_level, verdict=verdict,
+                       score=1.0 if verdict is Verdict.PASS else 0.0)
+
+    fake.calls = calls  # type: ignore[attr-defined]
+    return fake
+
+
+@pytest.mark.parametrize(("passes_at", "levels", "assist"), [
+    (0, [0], 0), (1, [0, 1], 1), (3, [0, 1, 2, 3], 3), (9, [0, 1, 2, 3], None)])
+def test_the_ladder_climbs_until_the_first_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                passes_at: int, levels: list[int],
+                                                assist: int | None) -> None:
+    fake = _fake_run_one(passes_at)
+    monkeypatch.setattr(bench_mod, "run_one", fake)
+    monkeypatch.setattr(bench_mod, "_prepare_sandboxes", lambda images, opts: None)
+    s = load_spec(_spec(tmp_path))
+    eps = run_bench([s], AgentChoice(kind=AgentKind.NOOP), RunOptions(ladder=True, repeat=2),
+                    tmp_path / "run")
+    assert fake.calls == [("flags", r, lv) for r in (0, 1) for lv in levels]
+    assert [(e.round, e.hint_level) for e in eps] == [(r, lv) for r in (0, 1) for lv in levels]
+    assert assists(eps) == {("flags", 0): assist, ("flags", 1): assist}
+    table = render_table(eps, "plain", ladder=True)
+    assert "assist" in table.splitlines()[0]
+    # A resume finds every step done: nothing runs again.
+    fake.calls.clear()
+    run_bench([s], AgentChoice(kind=AgentKind.NOOP), RunOptions(ladder=True, repeat=2),
+              tmp_path / "run", resume=True)
+    assert fake.calls == []
+
+
+def test_hints_k_runs_every_scenario_at_k_capped(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_run_one(9)
+    monkeypatch.setattr(bench_mod, "run_one", fake)
+    monkeypatch.setattr(bench_mod, "_prepare_sandboxes", lambda images, opts: None)
+    s = load_spec(_spec(tmp_path))
+    no_hints = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    run_bench([s, no_hints], AgentChoice(kind=AgentKind.NOOP), RunOptions(hints=5),
+              tmp_path / "run")
+    assert fake.calls == [("flags", 0, 3), ("rogue-port-80", 0, 0)]
+
+
+def test_cassette_names_keep_level_0_as_before(tmp_path: Path) -> None:
+    s = load_spec(_spec(tmp_path))
+    assert bench_mod._cassette_name(s, 2) == "flags.r2.jsonl"
+    assert bench_mod._cassette_name(s, 2, 1) == "flags.r2.h1.jsonl"
+
+
+def test_the_ladder_with_the_oracle_replays_committed_cassettes_and_stops_at_level_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No VM: the oracle passes at level 0 (there are no hints to climb to anyway)."""
+    code = main(["-q", "bench", "--agent", "oracle", "--ladder", "--only", "permission-403",
+                 "rogue-port-80", "--record-to", str(repo_root() / "recordings" / "oracle"),
+                 "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(e["scenario"], e["hint_level"], e["score"]) for e in out["episodes"]] == [
+        ("permission-403", 0, 1.0), ("rogue-port-80", 0, 1.0)]
+
+
+@pytest.mark.parametrize("argv", [["--hints", "-1"], ["--hints", "101"], ["--ladder", "--hints", "1"]])
+def test_bad_hint_flags_are_refused_before_any_work(tmp_path: Path, argv: list[str],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--agent", "noop", *argv, "--runs-dir", str(tmp_path / "runs")])
+    assert code == 2
+    assert ("--hints" in capsys.readouterr().err or "--ladder" in argv)
+    assert not (tmp_path / "runs").exists()
+
+
+# --- on a real VM ---------------------------------------------------------------------------------
+
+@pytest.mark.vm
+def test_fix_tracking_on_a_real_vm_and_its_replay(tmp_path: Path) -> None:
+    """The oracle fixes it with its last command; tracking says so, and replay says the same."""
+    s = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    model = oracle(list(s.solution))
+    cassette = tmp_path / "rogue-port-80.jsonl"
+    ep = run_one(s, model, get_protocol("tools"), "test", RunOptions(track_fix=True), cassette)
+    assert ep.verdict is Verdict.PASS, ep.reason
+    assert ep.fixed_at is not None and ep.fixed_at["turn"] == len(s.solution)
+    assert ep.regressed is False and ep.score == 1.0
+    out = replay_one(cassette, offline=True)
+    assert out.same, out.note
+    assert out.episode is not None and out.episode.fixed_at == ep.fixed_at
+
+
+@pytest.mark.vm
+def test_the_ladder_on_real_vms_climbs_for_noop_and_not_for_the_oracle(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = (repo_root() / "specs" / "nginx-stopped.yaml").read_text()
+    shutil.copy(repo_root() / "specs" / "nginx-stopped.yaml", specs / "nginx-stopped.yaml")
+    (specs / "nginx-stopped.yaml").write_text(
+        text + "hints:\n  - Something is not running.\n  - systemctl start nginx\n")
+    s = load_spec(specs / "nginx-stopped.yaml")
+    opts = RunOptions(ladder=True, track_fix=False)
+    eps = run_bench([s], AgentChoice(kind=AgentKind.NOOP), opts, tmp_path / "noop")
+    assert [(e.hint_level, e.verdict) for e in eps] == [(0, Verdict.FAIL), (1, Verdict.FAIL),
+                                                        (2, Verdict.FAIL)]
+    assert sorted(p.name for p in (tmp_path / "noop" / "cassettes").iterdir()) == [
+        "nginx-stopped.r0.h1.jsonl", "nginx-stopped.r0.h2.jsonl", "nginx-stopped.r0.jsonl"]
+    h2 = Cassette.load(tmp_path / "noop" / "cassettes" / "nginx-stopped.r0.h2.jsonl")
+    assert h2.header["hint_level"] == 2
+    assert replay_one(h2.path, offline=True, specs=[specs]).same  # not the checkout's spec
+    eps = run_bench([s], AgentChoice(kind=AgentKind.ORACLE), opts, tmp_path / "oracle")
+    assert [(e.hint_level, e.verdict) for e in eps] == [(0, Verdict.PASS)]
