@@ -6,6 +6,7 @@ Everything here runs without a VM or a model: flags are checked before any work.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -203,3 +204,14 @@ def test_validate_checks_every_file_despite_monster_patterns(tmp_path: Path) -> 
     assert "c-lookbehind.yaml:" in out and "RE2" in out
     assert "d-nan.yaml:" in out and "budget.seconds" in out and "finite" in out
     assert "e-port.yaml:" in out and "url" in out and "65535" in out
+
+
+def test_a_cache_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("x")
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle", "--only",
+                        "rogue-port-80", "--runs-dir", str(runs)], capture_output=True, text=True,
+                       timeout=60, cwd=repo_root(), env={**os.environ, "ROOTBENCH_CACHE": str(blocker)})
+    _one_clean_line(r, 2, "ROOTBENCH_CACHE", "not a folder")
+    assert not runs.exists()

@@ -102,6 +102,8 @@ def test_auto_accel_falls_back_when_kvm_is_unusable(image, tmp_path: Path) -> No
     # Nothing left behind: the TCG QEMU is gone and the failed KVM attempt kept no half snapshot.
     assert out["pid"] not in qemu_pids()
     assert not list(cache_dir("snapshots").glob(f"{image.name}-*-kvm-*.partial"))
+    # ... and the QEMU that died at start left no socket folder (it used to leak one per try).
+    assert not list(scratch.glob("rb-*")), list(scratch.iterdir())
 
 
 def test_each_run_starts_clean(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]

@@ -300,6 +300,7 @@ def _choice(args: argparse.Namespace) -> AgentChoice:
     if args.record_mode != RecordMode.ALL.value and not args.record_to:
         raise InvalidInput(f"--record-mode {args.record_mode} needs --record-to DIR",
                            field="--record-mode")
+    cache_root()  # a cache that cannot be used is bad input too, found before any work
     return AgentChoice(kind=agent, endpoint=args.endpoint, model=args.model,
                        model_file=args.model_file, llama_server=args.llama_server,
                        temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,

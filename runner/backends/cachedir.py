@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from runner.core.errors import InvalidInput
 from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.lock")
@@ -26,11 +27,20 @@ LOCK_TIMEOUT = 3 * 3600.0  # seconds to wait for another process's build
 def cache_root() -> Path:
     env = os.environ.get("ROOTBENCH_CACHE")
     if env:
-        root = Path(env)
+        root, where = Path(env), "ROOTBENCH_CACHE"
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = Path(xdg) / "rootbench" if xdg else Path.home() / ".cache" / "rootbench"
-    root.mkdir(parents=True, exist_ok=True)
+        where = "XDG_CACHE_HOME" if xdg else "the cache folder"
+    if root.exists() and not root.is_dir():
+        raise InvalidInput("cannot use it as the cache: not a folder", path=str(root), field=where)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"cannot use it as the cache: {exc.strerror}", path=str(root),
+                           field=where) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise InvalidInput("cannot use it as the cache: not writable", path=str(root), field=where)
     return root
 
 

@@ -132,7 +132,14 @@ class Qemu:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        self.qmp = self._connect_qmp(10.0)
+        try:
+            self.qmp = self._connect_qmp(10.0)
+        except BaseException:
+            # QEMU died at start (a KVM that cannot run) or never answered: nothing may leak.
+            end_process(self.proc, grace=1)
+            self._log.close()
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+            raise
 
     def _connect_qmp(self, timeout: float) -> QEMUMonitorProtocol:
         """QMP, connected and negotiated, once QEMU has made its socket (it may die first)."""
