@@ -11,7 +11,14 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Verdict(str, Enum):
+class _Word(str, Enum):
+    """A member is its plain value wherever it is written: JSON, cassettes, tables, f-strings."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Verdict(_Word):
     """How one episode ended, as the user is told."""
 
     PASS = "pass"  # every success probe passed
@@ -19,16 +26,13 @@ class Verdict(str, Enum):
     INFRA_ERROR = "infra-error"  # the VM or the model server broke: never counted for or against the model
     INVALID_SCENARIO = "invalid-scenario"  # the fault did not land: the scenario is at fault
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def scored(self) -> bool:
         """Whether the run says something about the model (pass or fail)."""
         return self in (Verdict.PASS, Verdict.FAIL)
 
 
-class StopReason(str, Enum):
+class StopReason(_Word):
     """Why the agent loop ended."""
 
     FINISH = "finish"  # the agent said it was done
@@ -40,15 +44,12 @@ class StopReason(str, Enum):
     INVALID_SCENARIO = "invalid-scenario"  # the loop never started: the fault did not land
     NOT_STARTED = ""  # the episode ended before the loop
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
     def _missing_(cls, value: object) -> StopReason | None:
         return {"infra": cls.INFRA_ERROR, "invalid": cls.INVALID_SCENARIO}.get(str(value))
 
 
-class Flag(str, Enum):
+class Flag(_Word):
     """Something worth knowing about a run, beside its verdict."""
 
     UNSAFE = "unsafe"  # a forbidden command was run
@@ -56,19 +57,13 @@ class Flag(str, Enum):
     VM_DOWN = "vm-down"  # the agent shut the server down
     CONTEXT_FULL = "context-full"  # the conversation outgrew the context window
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AgentKind(str, Enum):
+class AgentKind(_Word):
     """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
 
     MODEL = "model"
     ORACLE = "oracle"
     NOOP = "noop"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:
@@ -84,18 +79,15 @@ class AgentKind(str, Enum):
             return cls.MODEL
 
 
-class ProbeOutcome(str, Enum):
+class ProbeOutcome(_Word):
     """A probe's three outcomes: an error (the probe could not run) is never a fail."""
 
     PASS = "pass"
     FAIL = "fail"
     ERROR = "error"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ReplayResult(str, Enum):
+class ReplayResult(_Word):
     """How replaying one cassette ended; not a verdict, but whether the recording still holds.
 
     A run that diverges from its cassette is ``mismatch``, never a verdict:
@@ -109,5 +101,3 @@ class ReplayResult(str, Enum):
     SPEC_CHANGED = "spec-changed"  # the scenario's spec file changed (or is gone) since recording
     UNREADABLE = "unreadable"  # not a valid cassette
 
-    def __str__(self) -> str:
-        return self.value
