@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from runner.app import bench as bench_mod
+from runner.app import html_report
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cli import main
@@ -455,3 +456,11 @@ def test_the_ladder_on_real_vms_climbs_for_noop_and_not_for_the_oracle(tmp_path:
     assert replay_one(h2.path, offline=True, specs=[specs]).same  # not the checkout's spec
     eps = run_bench([s], AgentChoice(kind=AgentKind.ORACLE), opts, tmp_path / "oracle")
     assert [(e.hint_level, e.verdict) for e in eps] == [(0, Verdict.PASS)]
+
+
+def test_the_report_shows_the_task_as_sent_and_the_time_to_fix(tmp_path: Path) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    _run(tmp_path, ["ls", "touch a", "touch b"], hint_level=2, track_fix=True, record=cassette)
+    s = load_spec(_spec(tmp_path))
+    assert html_report.load_trajectory(cassette).task == task_text(s, 2)
+    assert html_report._cell("fixed_at", {"turn": 3, "seconds": 4.25}) == "4.2 s (turn 3)"

@@ -44,6 +44,7 @@ from runner.core.cassette import Cassette, digest
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, RunCommand, Violation
+from runner.core.spec import Scenario, task_text
 from runner.core.text import one_line, printable
 
 log = logging.getLogger("rootbench.report")
@@ -231,13 +232,23 @@ def _result(cmd: Command, event: dict[str, Any]) -> None:
     cmd.truncated = bool(result.get("truncated"))
 
 
+def _task(scenario: dict[str, Any], header: dict[str, Any]) -> str:
+    """The task as the model was sent it: with the header's hint level, ending with its hints."""
+    task, level = scenario.get("task"), header.get("hint_level")
+    hints = tuple(h for h in _list(scenario.get("hints")) if isinstance(h, str))
+    if (isinstance(task, str) and isinstance(level, int) and not isinstance(level, bool)
+            and 0 < level <= len(hints)):
+        return text(task_text(Scenario(id="", title="", image="", task=task, hints=hints), level))
+    return text(task)
+
+
 def load_trajectory(path: Path | str) -> Trajectory:
     """Read a cassette back as a trajectory (raises InvalidInput if it is not a cassette)."""
     cas = Cassette.load(path)
     header = cas.header
     scenario = _dict(header.get("scenario"))
     traj = Trajectory(path=Path(path), header=header, scenario=scenario, verdict=cas.verdict,
-                      task=text(scenario.get("task")))
+                      task=_task(scenario, header))
     protocol_cls = PROTOCOLS.get(str(_dict(header.get("protocol")).get("name")))
     unsafe = {c for c in _list(_dict(cas.verdict).get("unsafe_commands")) if isinstance(c, str)}
     setup = [c for c in _list(scenario.get("setup")) if isinstance(c, str)]
@@ -529,6 +540,10 @@ def _optional_columns(runs: Sequence[Run]) -> list[tuple[str, str]]:
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
+    if key == "fixed_at" and isinstance(value, dict):  # {"turn", "seconds"}
+        turn, seconds = _num(value.get("turn")), _num(value.get("seconds"))
+        if turn is not None and seconds is not None:
+            return f"{seconds:.1f} s (turn {turn:g})"
     n = _num(value)
     if key == "fixed_at" and n is not None:
         return f"{n:.1f} s"
