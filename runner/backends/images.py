@@ -158,7 +158,7 @@ def list_images() -> list[dict[str, Any]]:
 
 # --- the build ---------------------------------------------------------------------------
 
-def host_mirror(suite: str) -> str:
+def host_mirror() -> str:
     """The Debian mirror URI the host's apt uses (deb822 or one-line format)."""
     candidates: list[str] = []
     d = Path("/etc/apt/sources.list.d")
@@ -250,7 +250,7 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
     mkfs = _need("mkfs.ext4")
     qemu_img = _need("qemu-img")
     ssh_keygen = _need("ssh-keygen")
-    mirror = host_mirror(recipe.suite)
+    mirror = host_mirror()
     log.info("building %s (%s) from %s; this takes a minute or two", recipe.name, recipe.suite, mirror)
     work = d.with_name(d.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
