@@ -69,7 +69,7 @@ def _graded(episodes: Sequence[Episode],
         ("milestones", lambda ep: None if ep.milestone_fraction is None
          else f"{ep.milestone_fraction:.2f}"),
         ("fixed at", lambda ep: None if not ep.fixed_at
-         else f"t{ep.fixed_at['turn']} {ep.fixed_at['seconds']:.0f}s"
+         else f"turn {ep.fixed_at['turn']}, {ep.fixed_at['seconds']:.1f}s"
          + (" regressed" if ep.regressed else "")),
     )
     for title, cell in columns:
