@@ -96,6 +96,8 @@ def test_format_json_is_one_document_on_stdout(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)  # the whole of stdout, nothing after it
     assert [e["verdict"] for e in doc["episodes"]] == ["pass", "pass"]
     assert "results: " in r.stderr and "[bench]" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # a bench ends by naming the report a person opens
+    assert last.startswith("[bench] report: ") and Path(last.split(": ", 1)[1]).is_file(), last
 
 
 def test_quiet_silences_progress(tmp_path: Path) -> None:

@@ -323,7 +323,10 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
         _out("")
         _out(pass_at(episodes, args.format))
     # The path is progress, not the answer: with --format json stdout stays one JSON document.
-    logging.getLogger("rootbench.bench").info("results: %s", run_dir / "results.json")
+    blog = logging.getLogger("rootbench.bench")
+    blog.info("results: %s", run_dir / "results.json")
+    if (run_dir / html_report.REPORT_NAME).is_file():  # the last line: what a person opens
+        blog.info("report: %s", (run_dir / html_report.REPORT_NAME).resolve())
     if any(e.verdict is Verdict.INFRA_ERROR for e in episodes):
         return 1
     return 0
