@@ -215,3 +215,20 @@ def test_a_cache_that_is_a_file_is_one_line(tmp_path: Path) -> None:
                        timeout=60, cwd=repo_root(), env={**os.environ, "ROOTBENCH_CACHE": str(blocker)})
     _one_clean_line(r, 2, "ROOTBENCH_CACHE", "not a folder")
     assert not runs.exists()
+
+
+@pytest.mark.parametrize("edit,fields", [
+    (lambda t: t.replace("title: ", 'title: "lone \\udc80 surrogate" #', 1), ["title", "Unicode"]),
+    (lambda t: t.replace("http://localhost/", "http://localhost:abc/"), ["url", "65535"]),
+    (lambda t: t.replace("    service: {name: nginx, active: true}",
+                         "    service: {name: nginx, active: true}\n    within: .nan", 1),
+     ["within", "finite"]),
+])
+def test_specs_that_used_to_validate_and_crash_later(tmp_path: Path, edit, fields) -> None:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "x.yaml"
+    spec.write_text(edit((repo_root() / "specs" / "rogue-port-80.yaml").read_text()))
+    for command in ("validate", "list"):
+        r = _cli(command, str(spec))
+        assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stdout + r.stderr
+        said = r.stdout + r.stderr
+        assert "x.yaml:" in said and all(f in said for f in fields), said

@@ -66,6 +66,7 @@ def _vm_figures(accel: str) -> dict[str, Any]:
                 rtt.append((time.monotonic() - t0) * 1000)
     out["restore_ready_s"] = round(statistics.median(ready), 3)
     out["command_rtt_ms"] = round(statistics.median(rtt), 1)
+    out["command_rtt_samples"] = len(rtt)
     return out
 
 
