@@ -11,7 +11,6 @@ nothing is added to the page, the title stays the report's.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -122,27 +121,6 @@ def test_new_episode_fields_get_columns_and_old_results_render_without(tmp_path:
     for header in (">score<", ">assist<", ">time to fix<"):
         assert header in new
     assert ">0.75<" in new and ">12.5 s<" in new and "name=found it" in new
-
-
-def test_verify_writes_a_report_of_its_cassettes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    import runner.app.cli as cli
-    from runner.app.verify import CHECKS, Verification
-
-    def verified(scenario, run_dir, **_kw):  # type: ignore[no-untyped-def]
-        # Stands in for the two real-VM episodes: the noop run's cassette lands in the run
-        # directory, the oracle's is the committed one.
-        shutil.copy(ORACLE / f"{scenario.id}.jsonl", run_dir / f"{scenario.id}.noop.jsonl")
-        return Verification(scenario.id, checks=dict.fromkeys(CHECKS, True),
-                            cassette=str(ORACLE / f"{scenario.id}.jsonl"))
-
-    monkeypatch.setattr(cli, "verify_scenario", verified)
-    monkeypatch.chdir(tmp_path)
-    assert main(["-q", "verify", str(repo_root() / "specs" / "rogue-port-80.yaml"),
-                 "--record-to", ""]) == 0
-    [report] = (tmp_path / "runs").glob("*-verify/report.html")
-    page = report.read_text()
-    assert page.count('class="episode"') == 2 and "rogue-port-80" in page
 
 
 # --- in Chromium --------------------------------------------------------------------------------

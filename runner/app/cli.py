@@ -36,7 +36,7 @@ from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unr
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import load_results, new_run_dir
 from runner.app.signals import Interrupted
-from runner.app.verify import Verification, table_rows, verify_scenario
+from runner.app.verify import Verification, table_rows, verify_repeated
 from runner.backends.cachedir import cache_root
 from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
@@ -171,6 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle)")
     p.add_argument("--jobs", type=int, default=1, help="scenarios verified side by side (VMs at once)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the checks N times; a scenario whose tries disagree is flaky (invalid)")
     _format_arg(p)
     _vm_args(p)
 
@@ -393,20 +395,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    _number(args.jobs, "--jobs", 1, 64)
+    _number(args.repeat, "--repeat", 1, 20)
     scenarios = load_specs(_spec_paths(args.paths))
     run_dir = new_run_dir(Path("runs"), "verify")
     record_to = Path(args.record_to) if args.record_to else None
     if record_to:
         record_to.mkdir(parents=True, exist_ok=True)
-    if args.jobs < 1:
-        raise InvalidInput("must be at least 1", field="--jobs")
 
     vlog = logging.getLogger("rootbench.verify")
 
     def one(item: tuple[int, Scenario]) -> Verification:
         i, s = item
         vlog.info("%d/%d %s", i, len(scenarios), s.id)
-        v = verify_scenario(s, run_dir, accel=args.accel, transport=args.transport,
+        v = verify_repeated(s, run_dir, args.repeat, accel=args.accel, transport=args.transport,
                             record_to=record_to)
         vlog.info("%s: %s (%.1fs)", s.id, "valid" if v.valid else "INVALID: " + "; ".join(v.problems),
                   v.seconds)

@@ -38,10 +38,37 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
     cassette: str | None = None
+    tries: int = 1  # how many times the four checks ran (verify --repeat)
+    flaky: bool = False  # the tries disagreed on some check
 
     @property
     def valid(self) -> bool:
-        return all(self.checks.get(c) is True for c in CHECKS)
+        """Every check passed, every time: a scenario that passes only sometimes is not valid."""
+        return not self.flaky and all(self.checks.get(c) is True for c in CHECKS)
+
+
+def merge(tries: list[Verification]) -> Verification:
+    """One verdict from several tries of the same scenario's checks.
+
+    A check counts as passed only if it passed in every try; a check whose
+    tries disagree makes the scenario ``flaky`` (a restart that hits
+    systemd's start limit on the second run, a race with a timer), which is
+    reported as a problem of its own. The last try's cassette is kept.
+    """
+    if not tries:
+        raise ValueError("nothing to merge")
+    merged = Verification(tries[0].scenario, tries=len(tries), cassette=tries[-1].cassette,
+                          seconds=round(sum(t.seconds for t in tries), 1))
+    for check in CHECKS:
+        seen = [t.checks.get(check) for t in tries]
+        merged.checks[check] = None if any(x is None for x in seen) else all(seen)
+        if len({x for x in seen if x is not None}) > 1:
+            merged.flaky = True
+            passed = sum(1 for x in seen if x is True)
+            merged.problems.append(f"flaky: {check!r} held in {passed} of {len(seen)} tries")
+    for i, t in enumerate(tries, 1):
+        merged.problems += [f"{p} (try {i})" if len(tries) > 1 else p for p in t.problems]
+    return merged
 
 
 def _broken_invariants(ep: Episode) -> list[str]:
@@ -69,6 +96,21 @@ def _fault(ep: Episode, v: Verification) -> None:
                           f"({errors[0]['detail']})")
     elif not failing:
         v.problems.append("fault lands: every success probe passed after setup")
+
+
+def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: str = "auto",
+                    transport: str = "serial", record_to: Path | None = None) -> Verification:
+    """The four checks ``repeat`` times; only the last try records to ``record_to``."""
+    tries = []
+    for i in range(1, repeat + 1):
+        last = i == repeat
+        folder = run_dir if last else run_dir / f"try{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if repeat > 1:
+            log.info("%s: try %d of %d", scenario.id, i, repeat)
+        tries.append(verify_scenario(scenario, folder, accel=accel, transport=transport,
+                                     record_to=record_to if last else None))
+    return merge(tries)
 
 
 def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
@@ -112,11 +154,13 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
 
 
 def table_rows(results: list[Verification]) -> tuple[list[str], list[list[str]]]:
-    headers = ["scenario", *CHECKS, "seconds", "problem"]
+    repeated = any(v.tries > 1 for v in results)
+    headers = ["scenario", *CHECKS, *(["tries", "flaky"] if repeated else []), "seconds", "problem"]
 
     def mark(x: bool | None) -> str:
         return "ok" if x is True else ("FAIL" if x is False else "-")
 
-    rows = [[v.scenario, *(mark(v.checks.get(c)) for c in CHECKS), f"{v.seconds:.1f}",
-             v.problems[0][:90] if v.problems else ""] for v in results]
+    rows = [[v.scenario, *(mark(v.checks.get(c)) for c in CHECKS),
+             *([str(v.tries), "FLAKY" if v.flaky else "no"] if repeated else []),
+             f"{v.seconds:.1f}", v.problems[0][:90] if v.problems else ""] for v in results]
     return headers, rows
