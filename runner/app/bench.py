@@ -74,7 +74,7 @@ def climbs(ep: Episode, opts: RunOptions) -> bool:
 GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed")
 
 
-def _from_recording(scenario: Scenario, round_: int, level: int, recorded: Path,
+def _from_recording(round_: int, level: int, recorded: Path,
                     cassette: Path) -> Episode:
     """``--record-mode once|none``: the episode replayed offline from its recorded cassette.
 
@@ -225,6 +225,6 @@ def _step(s: Scenario, r: int, level: int, source: Path | None, provider: ModelP
     """One episode of a round at one hint level: replayed from ``source``, else run live."""
     cassette = run_dir / "cassettes" / _cassette_name(s, r, level)
     if source is not None:
-        return _from_recording(s, r, level, source, cassette), source
+        return _from_recording(r, level, source, cassette), source
     return run_one(s, provider.for_scenario(s, r), protocol, reason, opts, cassette,
                    round_=r, hint_level=level), None
