@@ -186,7 +186,8 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     assert driver.title == "rootbench: oracle · tools, qwen2.5-coder-1.5b · json"
     _only_local(driver)
     body = driver.find_element(By.TAG_NAME, "body").text
-    for seen in ("oracle · tools", "qwen2.5-coder-1.5b · json", "17 pass", "3 fail",
+    oracles = len(list(ORACLE.glob("*.jsonl")))
+    for seen in ("oracle · tools", "qwen2.5-coder-1.5b · json", f"{oracles} pass", "3 fail",
                  "rogue-port-80", "permission-403", "nginx-config-syntax", "cron-undoes-fix",
                  "fingerprint: model_sha256", "temperature=0, seed=0, max_tokens=512", "tcg"):
         assert seen in body, seen

@@ -72,7 +72,7 @@ def _episode(commands: list[str], **kw: object) -> tuple[Episode, list[str]]:
 
     scenario = _scenario(**kw)  # type: ignore[arg-type]
     with Sandbox("debian-12-nginx", accel="auto") as box:
-        ep = run_episode(scenario, box.guest, Watching("scripted", commands, "done"),  # type: ignore[arg-type]
+        ep = run_episode(scenario, box.guest, Watching(AgentKind.MODEL, commands, "done"),  # type: ignore[arg-type]
                          get_protocol("tools"), Clock(), vm_killed=box.killed_externally)
     return ep, seen
 
@@ -93,7 +93,7 @@ def test_qemu_killed_mid_episode_is_infra_error_and_the_bench_goes_on(tmp_path: 
     masked = load_spec(SPECS / "masked-unit.yaml")
     opts = RunOptions(accel="auto")
     tools = get_protocol("tools")
-    first = run_one(rogue, KillsTheVm("oracle", list(rogue.solution), "done"), tools, "t", opts,
+    first = run_one(rogue, KillsTheVm(AgentKind.ORACLE, list(rogue.solution), "done"), tools, "t", opts,
                     tmp_path / "a.jsonl")
     second = run_one(masked, ScriptedModel(AgentKind.ORACLE, list(masked.solution), "done"), tools, "t",
                      opts, tmp_path / "b.jsonl")
