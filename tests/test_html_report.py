@@ -11,6 +11,7 @@ nothing is added to the page, the title stays the report's.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -23,8 +24,8 @@ from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cli import main
 from runner.app.episodes import RunOptions
-from runner.app.signals import Interrupted
 from runner.core.cassette import RecordMode
+from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
 from runner.core.spec import load_specs, select
@@ -52,27 +53,22 @@ def _bench(run_dir: Path, ids: list[str]) -> list:  # type: ignore[type-arg]
 
 
 def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import runner.app.bench as bench
-
-    real = bench._from_recording
-    calls = []
-
-    def interrupted_on_the_second(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(args[0].id)
-        if len(calls) == 2:
-            raise Interrupted(130)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "_from_recording", interrupted_on_the_second)
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A real fault stops the bench at its second scenario: that scenario's recorded cassette is
+    # damaged, so replaying it raises. The report written after the first must be there.
+    record = tmp_path / "record"
+    record.mkdir()
+    shutil.copy(ORACLE / "rogue-port-80.jsonl", record)
+    (record / "permission-403.jsonl").write_text("{not a cassette\n")
+    scenarios = select(load_specs([repo_root() / "specs"]), ["rogue-port-80", "permission-403"])
     run_dir = tmp_path / "run"
-    with caplog.at_level("INFO", logger="rootbench.bench"), pytest.raises(Interrupted):
-        _bench(run_dir, ["rogue-port-80", "permission-403"])
+    with caplog.at_level("INFO", logger="rootbench.bench"), pytest.raises(InvalidInput):
+        run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,
+                  record_to=record, record_mode=RecordMode.ONCE)
     page = (run_dir / "report.html").read_text()
     assert "rogue-port-80" in page and "permission-403" not in page
     assert f"report (rewritten after each scenario): {run_dir / 'report.html'}" in caplog.text
 
-    monkeypatch.setattr(bench, "_from_recording", real)
     caplog.clear()
     with caplog.at_level("INFO", logger="rootbench.bench"):
         _bench(run_dir / "again", ["rogue-port-80", "permission-403"])
