@@ -8,7 +8,6 @@ state is a set of flags (``touch X`` sets one, ``rm X`` clears it, the probe
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -444,10 +443,10 @@ def test_fix_tracking_on_a_real_vm_and_its_replay(tmp_path: Path) -> None:
 def test_the_ladder_on_real_vms_climbs_for_noop_and_not_for_the_oracle(tmp_path: Path) -> None:
     specs = tmp_path / "specs"
     specs.mkdir()
-    text = (repo_root() / "specs" / "nginx-stopped.yaml").read_text()
-    shutil.copy(repo_root() / "specs" / "nginx-stopped.yaml", specs / "nginx-stopped.yaml")
+    # The suite's spec with two hints of this test's own (in place of its three).
+    text = (repo_root() / "specs" / "nginx-stopped.yaml").read_text().split("\nhints:")[0]
     (specs / "nginx-stopped.yaml").write_text(
-        text + "hints:\n  - Something is not running.\n  - systemctl start nginx\n")
+        text + "\nhints:\n  - Something is not running.\n  - systemctl start nginx\n")
     s = load_spec(specs / "nginx-stopped.yaml")
     opts = RunOptions(ladder=True, track_fix=False)
     eps = run_bench([s], AgentChoice(kind=AgentKind.NOOP), opts, tmp_path / "noop")
