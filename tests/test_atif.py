@@ -17,7 +17,8 @@ from runner.core.paths import repo_root
 RECORDINGS = repo_root() / "recordings"
 SCHEMA = json.loads((repo_root() / "schema" / "atif.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
-LIVE_JSON = RECORDINGS / "live" / "qwen2.5-coder-1.5b-json"
+# Three real-model runs recorded before the published specs had hints: a fixed, small set.
+LIVE_JSON = RECORDINGS / "archive" / "2026-12-03-before-hints" / "qwen2.5-coder-1.5b-json"
 
 
 def _rfc_errors(doc: dict) -> list[str]:

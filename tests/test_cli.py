@@ -65,10 +65,19 @@ def test_list_and_version() -> None:
 
 
 def test_offline_replay_of_the_committed_recordings() -> None:
-    r = rb("replay", "--offline", "recordings")
+    r = rb("replay", "--offline", "recordings/oracle", "recordings/live")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and ".jsonl" in ln]
     assert len(lines) >= 15 and all("| yes " in ln for ln in lines)
+
+
+def test_archived_recordings_replay_against_the_specs_kept_beside_them() -> None:
+    for archive in sorted((ROOT / "recordings" / "archive").iterdir()):
+        kept = rb("replay", "--offline", str(archive), "--specs", str(archive / "specs"))
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        # Against today's specs the same cassettes are spec-changed, never "same".
+        today = rb("replay", "--offline", str(archive))
+        assert today.returncode == 1 and "spec-changed" in today.stdout, today.stdout
 
 
 def test_replay_reports_a_changed_verdict(tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ from runner.core.spec import load_specs, select
 
 RECORDINGS = repo_root() / "recordings"
 ORACLE = RECORDINGS / "oracle"
-LIVE_JSON = RECORDINGS / "live" / "qwen2.5-coder-1.5b-json"
+# Three real-model runs recorded before the published specs had hints: a fixed, small set.
+LIVE_JSON = RECORDINGS / "archive" / "2026-12-03-before-hints" / "qwen2.5-coder-1.5b-json"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
@@ -108,7 +109,7 @@ def test_without_matplotlib_the_report_has_no_plots_and_says_so(tmp_path: Path,
 
 
 def test_new_episode_fields_get_columns_and_old_results_render_without(tmp_path: Path) -> None:
-    run = html_report.runs_from_cassettes([ORACLE / "rogue-port-80.jsonl"])
+    run = html_report.runs_from_cassettes([LIVE_JSON / "rogue-port-80.r0.jsonl"])  # before scores
     old = html_report.render(run)
     assert ">score<" not in old and ">time to fix<" not in old
     ep = run[0].episodes[0]

@@ -364,7 +364,8 @@ def test_a_missing_path_on_the_command_line_is_exit_2_at_once(
 
 
 def test_the_committed_recordings_all_replay_the_same(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _err = _replay(capsys, str(ROOT / "recordings"))
+    code, out, _err = _replay(capsys, str(ROOT / "recordings" / "oracle"),
+                              str(ROOT / "recordings" / "live"))
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ".jsonl" in ln]
     assert code == 0 and len(rows) >= 35
     assert all(f"| {ReplayResult.SAME.value} " in row for row in rows)

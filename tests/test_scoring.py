@@ -183,9 +183,11 @@ def test_a_spec_without_the_new_fields_serialises_as_before(tmp_path: Path) -> N
     d = scenario_to_dict(load_spec(_spec(tmp_path, plain)))
     assert "hints" not in d and "milestones" not in d
     assert all("weight" not in p for p in d["probes"] + d["invariants"])
-    recorded = Cassette.load(repo_root() / "recordings" / "oracle" / "rogue-port-80.jsonl")
+    # Recorded before specs had hints: the keys such a header has, no more.
+    recorded = Cassette.load(repo_root() / "recordings" / "archive" / "2026-12-03-before-hints"
+                             / "qwen2.5-coder-1.5b-json" / "rogue-port-80.r0.jsonl")
     scenario = recorded.header["scenario"]
-    assert set(d) == set(scenario)  # the keys every committed header has, no more
+    assert set(d) == set(scenario)
     again = scenario_to_dict(scenario_from_dict(scenario))
     assert json.dumps(again, sort_keys=True) == json.dumps(scenario, sort_keys=True)
 
@@ -389,7 +391,11 @@ def test_hints_k_runs_every_scenario_at_k_capped(tmp_path: Path,
     monkeypatch.setattr(bench_mod, "run_one", fake)
     monkeypatch.setattr(bench_mod, "_prepare_sandboxes", lambda images, opts: None)
     s = load_spec(_spec(tmp_path))
-    no_hints = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    text = (repo_root() / "specs" / "rogue-port-80.yaml").read_text()
+    (tmp_path / "plain").mkdir()
+    no_hints = load_spec(_spec(tmp_path / "plain", text.split("hints:")[0] + "solution:"
+                               + text.split("solution:")[1]))
+    assert not no_hints.hints
     run_bench([s, no_hints], AgentChoice(kind=AgentKind.NOOP), RunOptions(hints=5),
               tmp_path / "run")
     assert fake.calls == [("flags", 0, 3), ("rogue-port-80", 0, 0)]
@@ -403,7 +409,7 @@ def test_cassette_names_keep_level_0_as_before(tmp_path: Path) -> None:
 
 def test_the_ladder_with_the_oracle_replays_committed_cassettes_and_stops_at_level_0(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """No VM: the oracle passes at level 0 (there are no hints to climb to anyway)."""
+    """No VM: the oracle passes at level 0, so the ladder never climbs to the hints these have."""
     code = main(["-q", "bench", "--agent", "oracle", "--ladder", "--only", "permission-403",
                  "rogue-port-80", "--record-to", str(repo_root() / "recordings" / "oracle"),
                  "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json"])
