@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from runner.app.report import statistics_table
 from runner.app.stats import (
     Interval,
     bootstrap_mean,
@@ -174,8 +175,27 @@ def test_graded_scores_and_hint_levels_are_used_when_episodes_carry_them() -> No
                                                               hint_level=3)]
     s = summarize(eps).scenarios[0]
     assert s.mean_score == pytest.approx(0.375)
-    assert s.mean_assist == pytest.approx(2.0)
-    assert "mean_assist_ci" in summarize(eps).to_dict()["overall"]
+    # Round 0 passed with one hint; round 1 never passed, so it has no assist level.
+    assert (s.solved, s.mean_assist) == (1, pytest.approx(1.0))
+    assert summarize(eps).to_dict()["overall"]["solved"] == 1
+
+
+def test_a_ladder_is_judged_by_its_first_tries_and_its_assist_by_the_lowest_pass() -> None:
+    """Round 0 climbs 0 -> 1 -> 2 and passes at 2; round 1 passes at once; round 2 never does.
+
+    pass@1 is about the three level-0 tries (1 of 3), not about all six episodes
+    (2 of 6); the mean assist is over the two solved rounds: (2 + 0) / 2.
+    """
+    eps = [_ep("a", "fail", 0, score=0.0, hint_level=0), _ep("a", "fail", 0, score=0.5, hint_level=1),
+           _ep("a", "pass", 0, score=1.0, hint_level=2), _ep("a", "pass", 1, score=1.0, hint_level=0),
+           _ep("a", "fail", 2, score=0.0, hint_level=0), _ep("a", "fail", 2, score=0.5, hint_level=1)]
+    s = summarize(eps).scenarios[0]
+    assert (s.runs, s.scored, s.passes) == (6, 3, 1)
+    assert s.pass_at_1 == pytest.approx(1 / 3) and s.pass_at_1_ci == wilson(1, 3)
+    assert s.mean_score == pytest.approx(1 / 3)
+    assert (s.solved, s.mean_assist) == (2, pytest.approx(1.0))
+    table = statistics_table(eps)
+    assert "solved (any level)" in table and "| 2/3 " in table
 
 
 def test_overall_pass_at_k_is_the_mean_over_scenarios() -> None:

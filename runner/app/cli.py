@@ -50,6 +50,7 @@ from runner.backends.llama import (
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
 from runner.core.cassette import RecordMode, find_cassettes
+from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
 from runner.core.outcomes import AgentKind, ReplayResult, Verdict
 from runner.core.protocol import CHOICES
@@ -321,7 +322,7 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
                          record_to=Path(args.record_to) if args.record_to else None,
                          record_mode=RecordMode(args.record_mode))
     _out(render_table(episodes, args.format, ladder=args.ladder))
-    if args.repeat > 1 and args.format != "json":
+    if args.format != "json" and (args.repeat > 1 or args.ladder):
         _out("")
         _out(pass_at(episodes, args.format))
     # The path is progress, not the answer: with --format json stdout stays one JSON document.
@@ -439,6 +440,17 @@ def cmd_perf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table_and_statistics(episodes: list[Episode], fmt: str) -> str:
+    """A run's table; for text, the statistics under it when some scenario ran more than once
+    (rounds or hint levels), as ``bench`` printed them (JSON has them in the document)."""
+    table = render_table(episodes, fmt, ladder=any(ep.hint_level for ep in episodes))
+    once = len({(ep.scenario, ep.round, ep.hint_level) for ep in episodes}) == len(
+        {ep.scenario for ep in episodes})
+    if fmt == "json" or once:
+        return table
+    return f"{table}\n\n{pass_at(episodes, fmt)}"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Tables of run directories, or with --html one HTML file of runs and loose cassettes."""
     paths = [Path(p) for p in args.paths]
@@ -454,7 +466,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if loose:
             raise InvalidInput("a cassette is reported with --html (the table needs a run "
                                "directory)", path=str(loose[0]))
-        tables = [(p, render_table(load_results(p)[1], args.format)) for p in paths]
+        tables = [(p, _table_and_statistics(load_results(p)[1], args.format)) for p in paths]
         if len(tables) == 1:
             _out(tables[0][1])
         elif args.format == "json":

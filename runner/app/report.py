@@ -14,7 +14,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.stats import Interval, Summary, summarize
+from runner.app.stats import Interval, Summary, assists, summarize
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
 from runner.core.text import clean_text
@@ -33,23 +33,6 @@ def _row(ep: Episode) -> list[Any]:
 
 
 HEADERS = ["scenario", "verdict", "seconds", "turns", "commands", "tokens in/out", "flags"]
-
-
-def assists(episodes: Sequence[Episode]) -> dict[tuple[str, int], int | None]:
-    """Per (scenario, round): the lowest hint level that passed, None when none did.
-
-    With ``--ladder`` this is how much help the model needed: 0 solved it
-    unaided, k needed the first k hints, None never solved it.
-    """
-    out: dict[tuple[str, int], int | None] = {}
-    for ep in episodes:
-        key = (ep.scenario, ep.round)
-        best = out.get(key)
-        if ep.verdict is Verdict.PASS and (best is None or ep.hint_level < best):
-            out[key] = ep.hint_level
-        else:
-            out.setdefault(key, None)
-    return out
 
 
 def _graded(episodes: Sequence[Episode],
@@ -152,12 +135,20 @@ def _ci(point: float | None, interval: Interval | None) -> str:
 
 
 def _runs(s: Summary) -> str:
-    return str(s.runs) if s.scored == s.runs else f"{s.runs} ({s.runs - s.scored} not scored)"
+    """Episodes, and when they are not all scored first tries: how many are (a ladder runs
+    several levels per round) and how many are not scored at all."""
+    notes = []
+    if s.scored + s.unscored < s.runs:
+        notes.append(f"{s.scored} first {'try' if s.scored == 1 else 'tries'}")
+    if s.unscored:
+        notes.append(f"{s.unscored} not scored")
+    return f"{s.runs} ({', '.join(notes)})" if notes else str(s.runs)
 
 
 def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     """Per scenario and overall: runs, pass@1 with its Wilson interval, pass@k for k = n,
-    and the mean score with its bootstrap interval (the numbers of ``stats.summarize``)."""
+    and the mean score with its bootstrap interval (the numbers of ``stats.summarize``); with
+    hints, the rounds solved at any level and the mean assist (lowest passing level) of those."""
     st = summarize(episodes)
     if fmt == "json":
         return json.dumps(st.to_dict(), indent=2)
@@ -177,10 +168,11 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     o = st.overall
     rows.append(["overall", _runs(o), _ci(o.pass_at_1, o.pass_at_1_ci), at_k(o),
                  _ci(o.mean_score, o.mean_score_ci)])
-    if any(s.mean_assist is not None for s in [*st.scenarios, o]):
-        headers.append(f"mean hint level [{level} CI]")
+    if any(s.solved is not None for s in [*st.scenarios, o]):
+        headers += ["solved (any level)", f"mean assist [{level} CI]"]
         for row, s in zip(rows, [*st.scenarios, o], strict=True):
-            row.append(_ci(s.mean_assist, s.mean_assist_ci))
+            row += [f"{s.solved}/{s.scored}" if s.solved is not None else "-",
+                    _ci(s.mean_assist, s.mean_assist_ci)]
     # Figures are formatted already: tabulate must not turn "1.00" back into 1.
     return tabulate(rows, headers=headers, tablefmt="github" if fmt == "github" else "plain",
                     disable_numparse=True)

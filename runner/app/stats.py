@@ -174,6 +174,42 @@ def assist_of(ep: Episode) -> float | None:
     return None
 
 
+def assists(episodes: Sequence[Episode]) -> dict[tuple[str, int], int | None]:
+    """Per (scenario, round): the lowest hint level that passed, None when none did.
+
+    With ``--ladder`` this is how much help the model needed: 0 solved it
+    unaided, k needed the first k hints, None never solved it.
+    """
+    out: dict[tuple[str, int], int | None] = {}
+    for ep in episodes:
+        key = (ep.scenario, ep.round)
+        best = out.get(key)
+        if ep.verdict is Verdict.PASS and (best is None or ep.hint_level < best):
+            out[key] = ep.hint_level
+        else:
+            out.setdefault(key, None)
+    return out
+
+
+def first_tries(episodes: Sequence[Episode]) -> list[Episode]:
+    """Per (scenario, round), the scored run at the lowest hint level, in the order given.
+
+    A ladder round is several episodes (level 0, then one more hint after each
+    failure); only its first try is a sample of the model as asked, so pass@k
+    and the mean score are about first tries. Without a ladder every round is
+    one episode and this is every scored run.
+    """
+    first: dict[tuple[str, int], Episode] = {}
+    for ep in episodes:
+        if not ep.verdict.scored:
+            continue
+        key = (ep.scenario, ep.round)
+        if key not in first or ep.hint_level < first[key].hint_level:
+            first[key] = ep
+    chosen = {id(e) for e in first.values()}
+    return [e for e in episodes if id(e) in chosen]
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -191,16 +227,18 @@ class Summary:
     """The statistics of one scenario's runs (or of all of them: ``scenario`` None)."""
 
     scenario: str | None
-    runs: int  # every episode, scored or not
-    scored: int  # pass + fail
-    passes: int
+    runs: int  # every episode, scored or not (a ladder round counts each level it ran)
+    scored: int  # first tries that passed or failed: the n of pass@k
+    passes: int  # of those
     pass_at_1: float | None  # None: nothing scored
     pass_at_1_ci: Interval | None  # Wilson
     pass_at_k: dict[int, float]  # k -> pass@k, for k = 1..scored (overall: 1..fewest scored)
     mean_score: float | None
     mean_score_ci: Interval | None  # bootstrap
-    mean_assist: float | None = None  # only when episodes record a hint level
+    mean_assist: float | None = None  # over solved rounds, only when runs had hints
     mean_assist_ci: Interval | None = None
+    solved: int | None = None  # rounds that passed at some hint level (None: no hints given)
+    unscored: int = 0  # infra-error and invalid-scenario runs
 
     @property
     def k(self) -> int:
@@ -216,8 +254,8 @@ class Summary:
                  pass_at_k={str(k): round(v, 6) for k, v in self.pass_at_k.items()},
                  mean_score=_r(self.mean_score),
                  mean_score_ci=self.mean_score_ci.to_list() if self.mean_score_ci else None)
-        if self.mean_assist is not None:
-            d.update(mean_assist=_r(self.mean_assist),
+        if self.solved is not None:
+            d.update(solved=self.solved, mean_assist=_r(self.mean_assist),
                      mean_assist_ci=self.mean_assist_ci.to_list() if self.mean_assist_ci else None)
         return d
 
@@ -238,12 +276,15 @@ class Statistics:
                             "pass_at_1", "pass_at_1_ci": [low, high],      # Wilson
                             "pass_at_k": {"1": p, ..., "<scored>": p},     # Chen et al. 2021
                             "mean_score", "mean_score_ci": [low, high],    # bootstrap
-                            "mean_assist", "mean_assist_ci"                # only with hint levels
+                            "solved", "mean_assist", "mean_assist_ci"      # only with hints
                            }, ...],
              "overall": {the same fields without "scenario"}}
 
         Figures are floats rounded to 6 places; a figure with nothing scored
-        behind it is null. Overall pass@1 and mean score pool every scored run;
+        behind it is null. ``scored``, ``passes``, pass@k and the mean score
+        count first tries (a ladder round's level-0 run, see
+        :func:`first_tries`); ``solved`` counts rounds that passed at any
+        level, and ``mean_assist`` is the mean lowest passing level over those. Overall pass@1 and mean score pool every scored run;
         overall pass@k is the mean over scenarios (k up to the fewest scored
         runs any scenario has), as in the Codex paper.
         """
@@ -254,13 +295,13 @@ class Statistics:
 
 def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: float,
              overall_k: dict[int, float] | None = None) -> Summary:
-    scored = [e for e in episodes if e.verdict.scored]
+    scored = first_tries(episodes)
     passes = sum(e.verdict is Verdict.PASS for e in scored)
     n = len(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
-    assists = [a for a in (assist_of(e) for e in scored) if a is not None]
-    if not any(assists):  # every run carries a level now; all at 0, no hints were given
-        assists = []
+    hinted = any(assist_of(e) for e in episodes if e.verdict.scored)
+    helped = [float(lv) for lv in assists([e for e in episodes if e.verdict.scored]).values()
+              if lv is not None] if hinted else []
     by_k = overall_k if overall_k is not None else {
         k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
     return Summary(
@@ -270,8 +311,10 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
         pass_at_k=by_k,
         mean_score=float(np.mean(scores)) if scores else None,
         mean_score_ci=bootstrap_mean(scores, confidence) if scores else None,
-        mean_assist=float(np.mean(assists)) if assists else None,
-        mean_assist_ci=bootstrap_mean(assists, confidence) if assists else None)
+        mean_assist=float(np.mean(helped)) if helped else None,
+        mean_assist_ci=bootstrap_mean(helped, confidence) if helped else None,
+        solved=len(helped) if hinted else None,
+        unscored=sum(not e.verdict.scored for e in episodes))
 
 
 def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> Statistics:
@@ -281,7 +324,7 @@ def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> St
     for ep in episodes:
         by.setdefault(ep.scenario, []).append(ep)
     per = [_summary(scenario, eps, confidence) for scenario, eps in by.items()]
-    with_scores = [s for s in per if s.scored]
+    with_scores = [s for s in per if s.scored]  # overall pass@k: over scenarios with first tries
     k_max = min((s.scored for s in with_scores), default=0)
     overall_k = {k: float(np.mean([s.pass_at_k[k] for s in with_scores]))
                  for k in range(1, k_max + 1)}
