@@ -146,7 +146,7 @@ def test_bootstrap_on_few_pass_fail_values_stays_in_range_and_is_reproducible() 
 
 # --- summaries of a run ----------------------------------------------------------------------
 
-def _ep(scenario: str, verdict: str, round_: int = 0, **extra: float) -> Episode:
+def _ep(scenario: str, verdict: str, round_: int = 0, **extra: object) -> Episode:
     ep = Episode(scenario=scenario, agent="oracle", model="m", protocol="tools", round=round_,
                  verdict=verdict)
     for name, value in extra.items():
@@ -196,6 +196,21 @@ def test_a_ladder_is_judged_by_its_first_tries_and_its_assist_by_the_lowest_pass
     assert (s.solved, s.mean_assist) == (2, pytest.approx(1.0))
     table = statistics_table(eps)
     assert "solved (any level)" in table and "| 2/3 " in table
+
+
+def test_milestones_count_first_tries_and_time_to_fix_every_fixed_run() -> None:
+    eps = [_ep("a", "fail", 0, hint_level=0, milestone_fraction=0.5),
+           _ep("a", "pass", 0, hint_level=1, milestone_fraction=1.0, fixed_at={"turn": 2, "seconds": 30.0}),
+           _ep("a", "pass", 1, hint_level=0, milestone_fraction=1.0, fixed_at={"turn": 1, "seconds": 10.0}),
+           _ep("a", "fail", 2, hint_level=0, milestone_fraction=0.0,
+               fixed_at={"turn": 3, "seconds": 50.0}, regressed=True),
+           _ep("a", "infra-error", 3, fixed_at={"turn": 1, "seconds": 1.0})]
+    s = summarize(eps).scenarios[0]
+    assert s.mean_milestones == pytest.approx(0.5)  # (0.5 + 1.0 + 0.0) / 3 first tries
+    assert (s.fixed, s.median_fix_s) == (3, pytest.approx(30.0))  # not the infra-error's
+    d = summarize(eps).to_dict()["scenarios"][0]
+    assert (d["mean_milestones"], d["fixed"], d["median_fix_s"]) == (0.5, 3, 30.0)
+    assert "| 3: 30.0 " in statistics_table(eps)
 
 
 def test_overall_pass_at_k_is_the_mean_over_scenarios() -> None:

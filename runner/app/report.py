@@ -168,6 +168,15 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     o = st.overall
     rows.append(["overall", _runs(o), _ci(o.pass_at_1, o.pass_at_1_ci), at_k(o),
                  _ci(o.mean_score, o.mean_score_ci)])
+    every = [*st.scenarios, o]
+    if any(s.mean_milestones is not None for s in every):
+        headers.append("milestones")
+        for row, s in zip(rows, every, strict=True):
+            row.append("-" if s.mean_milestones is None else f"{s.mean_milestones:.2f}")
+    if any(s.fixed for s in every):
+        headers.append("fixed: median s")
+        for row, s in zip(rows, every, strict=True):
+            row.append(f"{s.fixed}: {s.median_fix_s:.1f}" if s.median_fix_s is not None else "-")
     if any(s.solved is not None for s in [*st.scenarios, o]):
         headers += ["solved (any level)", f"mean assist [{level} CI]"]
         for row, s in zip(rows, [*st.scenarios, o], strict=True):

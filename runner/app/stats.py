@@ -239,6 +239,9 @@ class Summary:
     mean_assist_ci: Interval | None = None
     solved: int | None = None  # rounds that passed at some hint level (None: no hints given)
     unscored: int = 0  # infra-error and invalid-scenario runs
+    mean_milestones: float | None = None  # mean milestone fraction of first tries that have one
+    fixed: int = 0  # scored runs (any level) whose success probes all passed at some point
+    median_fix_s: float | None = None  # their median seconds from first command to that point
 
     @property
     def k(self) -> int:
@@ -254,6 +257,8 @@ class Summary:
                  pass_at_k={str(k): round(v, 6) for k, v in self.pass_at_k.items()},
                  mean_score=_r(self.mean_score),
                  mean_score_ci=self.mean_score_ci.to_list() if self.mean_score_ci else None)
+        d.update(mean_milestones=_r(self.mean_milestones), fixed=self.fixed,
+                 median_fix_s=_r(self.median_fix_s))
         if self.solved is not None:
             d.update(solved=self.solved, mean_assist=_r(self.mean_assist),
                      mean_assist_ci=self.mean_assist_ci.to_list() if self.mean_assist_ci else None)
@@ -276,6 +281,8 @@ class Statistics:
                             "pass_at_1", "pass_at_1_ci": [low, high],      # Wilson
                             "pass_at_k": {"1": p, ..., "<scored>": p},     # Chen et al. 2021
                             "mean_score", "mean_score_ci": [low, high],    # bootstrap
+                            "mean_milestones",                             # first tries
+                            "fixed", "median_fix_s",                       # any level
                             "solved", "mean_assist", "mean_assist_ci"      # only with hints
                            }, ...],
              "overall": {the same fields without "scenario"}}
@@ -302,6 +309,10 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
     hinted = any(assist_of(e) for e in episodes if e.verdict.scored)
     helped = [float(lv) for lv in assists([e for e in episodes if e.verdict.scored]).values()
               if lv is not None] if hinted else []
+    found = [f for f in (_number(getattr(e, "milestone_fraction", None)) for e in scored)
+             if f is not None]
+    fix_s = [s for s in (_number((getattr(e, "fixed_at", None) or {}).get("seconds"))
+                         for e in episodes if e.verdict.scored) if s is not None]
     by_k = overall_k if overall_k is not None else {
         k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
     return Summary(
@@ -314,7 +325,9 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
         mean_assist=float(np.mean(helped)) if helped else None,
         mean_assist_ci=bootstrap_mean(helped, confidence) if helped else None,
         solved=len(helped) if hinted else None,
-        unscored=sum(not e.verdict.scored for e in episodes))
+        unscored=sum(not e.verdict.scored for e in episodes),
+        mean_milestones=float(np.mean(found)) if found else None,
+        fixed=len(fix_s), median_fix_s=float(np.median(fix_s)) if fix_s else None)
 
 
 def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> Statistics:
