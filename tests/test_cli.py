@@ -92,6 +92,23 @@ def test_replay_reports_a_changed_verdict(tmp_path: Path) -> None:
     assert r.returncode == 1 and "| NO " in r.stdout
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("score", 0.5), ("milestones", []), ("hint_level", 2), ("regressed", True),
+    ("fixed_at", None), ("fixed_at", {"turn": 9, "seconds": 1.25})])
+def test_replay_of_the_same_verdict_with_other_grades_is_different(tmp_path: Path, field: str,
+                                                                   value: object) -> None:
+    """Same verdict, but the recording says another score (or milestones, ...): not "same"."""
+    src = ROOT / "recordings" / "oracle" / "rogue-port-80.jsonl"
+    events = [json.loads(line) for line in src.read_text().splitlines() if line]
+    assert events[-1]["type"] == "verdict" and events[-1]["verdict"] == "pass"
+    assert events[-1][field] != value
+    events[-1][field] = value
+    tampered = tmp_path / src.name
+    tampered.write_text("".join(json.dumps(e) + "\n" for e in events))
+    r = rb("replay", "--offline", str(tampered))
+    assert r.returncode == 1 and "| different " in r.stdout and f"{field}: recorded" in r.stdout
+
+
 def test_replay_stops_at_a_differing_request(tmp_path: Path) -> None:
     src = ROOT / "recordings" / "oracle" / "rogue-port-80.jsonl"
     events = [json.loads(line) for line in src.read_text().splitlines() if line]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette
@@ -101,6 +102,29 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
     return verdict + (f" [{','.join(flags)}]" if flags else "")
 
 
+# Graded fields a verdict records, compared when the recording has them (older ones do not).
+_GRADED = ("score", "milestones", "hint_level", "regressed")
+
+
+def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) -> str | None:
+    """The first graded figure the replay got differently from the recording, or None.
+
+    Equal verdicts are not enough for "same": a replay must also reproduce the
+    score, the milestones reached, the hint level and fix tracking. The time of
+    the fix is compared offline only (a live replay runs on its own clock).
+    """
+    for key in _GRADED:
+        if key in recorded and recorded[key] != getattr(ep, key):
+            return f"{key}: recorded {recorded[key]!r}, replayed {getattr(ep, key)!r}"
+    if "fixed_at" in recorded:
+        was, now = recorded["fixed_at"], ep.fixed_at
+        keys = ("turn", "seconds") if offline else ("turn",)
+        if (was is None) != (now is None) or (was is not None and now is not None and any(
+                was.get(k) != now.get(k) for k in keys)):
+            return f"fixed_at: recorded {was!r}, replayed {now!r}"
+    return None
+
+
 def replay_one(path: Path, *, offline: bool, lenient: bool = False,
                allow_spec_changes: bool = False, accel: str = "auto",
                transport: str = "serial", specs: list[Path] | None = None) -> ReplayOutcome:
@@ -162,6 +186,9 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
     result = ReplayResult.SAME if recorded == replayed else ReplayResult.DIFFERENT
     if result is ReplayResult.DIFFERENT:
         notes.insert(0, ep.reason)
+    elif (graded := _graded_difference(rec, ep, offline=offline)) is not None:
+        result = ReplayResult.DIFFERENT
+        notes.insert(0, graded)
     notes.extend(model.mismatches)
     return ReplayOutcome(path, scenario.id, recorded, replayed, result,
                          _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns, ep)
