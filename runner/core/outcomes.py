@@ -96,7 +96,7 @@ class ReplayResult(_Word):
     """
 
     SAME = "same"  # the replayed verdict and flags equal the recorded ones
-    DIFFERENT = "different"  # the run replayed to its end, to another verdict or other flags
+    DIFFERENT = "different"  # replayed to its end, judged otherwise: verdict, flags or grades
     MISMATCH = "mismatch"  # the run asked for what the cassette does not hold: it diverged
     SPEC_CHANGED = "spec-changed"  # the scenario's spec file changed (or is gone) since recording
     UNREADABLE = "unreadable"  # not a valid cassette
