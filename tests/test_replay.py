@@ -90,7 +90,8 @@ def _record_infra_error(path: Path) -> Path:
         writer.write({**source.header, "model": model.fingerprint(), "agent": "model",
                       "protocol": {"name": "tools", "reason": "test"}})
         ep = run_episode(scenario, RecordingGuest(ReplayGuest(source), writer),
-                         RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer)
+                         RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer,
+                         track_fix=bool(source.header.get("track_fix")))  # as the header says
     assert ep.verdict == "infra-error", ep.reason
     return path
 
