@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -62,15 +63,15 @@ class RayExecutor(Executor):
         import ray  # the optional extra rootbench[ray]: only --executor ray needs it
 
         self._ray = ray
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        # Ray prints its own messages (a worker that died, ...) on the driver's stdout, from a
+        # thread, at any time: while the executor is open they go to stderr instead, so stdout
+        # keeps only the command's answer (with --format json, one JSON document).
+        self._stdout = contextlib.redirect_stdout(sys.stderr)
+        self._stdout.__enter__()
         try:
-            total = int(ray.cluster_resources().get(VM_RESOURCE, 0))
-            if total < 1:
-                raise InvalidInput(f"the Ray cluster at {address} has no {VM_RESOURCE!r} "
-                                   "resource: start each node with ray start --resources "
-                                   "'{\"vm\": 8}'", field="--ray-address")
+            total = self._join(address)
         except BaseException:
-            ray.shutdown()
+            self._stdout.__exit__(None, None, None)
             raise
         self.slots = min(total, max_jobs) if max_jobs else total
         log.info("Ray cluster at %s: %d %s unit(s) on %d node(s)", address, total, VM_RESOURCE,
@@ -79,6 +80,33 @@ class RayExecutor(Executor):
                                                     max_retries=0)
         self._queue: list[_Job] = []
         self._running: dict[Any, tuple[_Job, float]] = {}  # ObjectRef -> (job, deadline)
+
+    def _join(self, address: str) -> int:
+        """Connect to the cluster; its ``vm`` total, or :class:`InvalidInput` naming the flag."""
+        ray = self._ray
+        try:
+            # log_to_driver off: Ray would print the workers' lines (and its raylet's) on our
+            # stdout, which with --format json must be one JSON document. The driver logs each
+            # episode's start and end; the workers' own lines stay in each node's Ray session logs.
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            # Wrong address, another Ray version, or a token-authenticated cluster (Ray's default
+            # for local clusters since 2.59) without RAY_AUTH_TOKEN or ~/.ray/auth_token here.
+            raise InvalidInput(f"could not join the Ray cluster at {address} "
+                               f"({str(exc).splitlines()[0][:120]}); with token authentication "
+                               "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)",
+                               field="--ray-address") from None
+        try:
+            total = int(ray.cluster_resources().get(VM_RESOURCE, 0))
+        except BaseException:
+            ray.shutdown()
+            raise
+        if total < 1:
+            ray.shutdown()
+            raise InvalidInput(f"the Ray cluster at {address} has no {VM_RESOURCE!r} resource: "
+                               "start each node with ray start --resources '{\"vm\": 8}'",
+                               field="--ray-address")
+        return total
 
     @property
     def busy(self) -> int:
@@ -138,5 +166,8 @@ class RayExecutor(Executor):
         self._running.clear()
 
     def close(self) -> None:
-        self.cancel()
-        self._ray.shutdown()
+        try:
+            self.cancel()
+            self._ray.shutdown()
+        finally:
+            self._stdout.__exit__(None, None, None)
