@@ -208,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-vm", action="store_true", help="skip the VM figures")
     p.add_argument("--no-model", action="store_true", help="skip the model figures")
+    p.add_argument("--no-scale", action="store_true",
+                   help="skip the --jobs 1 against --jobs 2 oracle benches")
     p.add_argument("--model", default=None, help="named model for the model figures")
     _vm_args(p)
 
@@ -377,10 +379,6 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
                            field="--record-mode")
     _jobs(args.jobs)
     _ray_address(args)
-    if (args.executor == ExecutorKind.RAY.value and agent is AgentKind.MODEL
-            and args.endpoint is None):
-        raise InvalidInput("--executor ray runs a model through --endpoint (a server every node "
-                           "reaches); a llama-server per node is not built yet", field="--executor")
     cache_root()  # a cache that cannot be used is bad input too, found before any work
     return [AgentChoice(kind=agent, endpoint=args.endpoint, model=model,
                         model_file=args.model_file, llama_server=args.llama_server,
@@ -568,7 +566,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace) -> int:
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
-                      model_name=args.model)
+                      model_name=args.model, scale=not args.no_scale)
     _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
     return 0
 
