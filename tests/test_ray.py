@@ -146,3 +146,25 @@ def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
     time.sleep(2)  # the killed worker's QEMU dies with it (PR_SET_PDEATHSIG)
     assert not subprocess.run(["pgrep", "-f", f"qemu-system.*{ray_cluster.tmp}"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+@pytest.mark.model
+def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback(
+        ray_cluster: Cluster, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--executor", "ray",
+                        "--ray-address", ray_cluster.address, "--model", "qwen2.5-coder-0.5b",
+                        "--protocol", "json", "--max-tokens", "96", "--only", "nginx-stopped",
+                        "--runs-dir", str(tmp_path / "runs"), "--format", "json"],
+                       capture_output=True, text=True, timeout=1800, cwd=repo_root())
+    assert r.returncode == 0, r.stderr[-3000:]
+    [ep] = json.loads(r.stdout)["episodes"]
+    assert ep["verdict"] in ("pass", "fail") and ep["turns"] >= 1 and ep["tokens_in"] > 0, ep
+    header = json.loads(Path(ep["cassette"]).read_text().splitlines()[0])
+    assert header["model"]["named_model"] == "qwen2.5-coder-0.5b"
+    assert header["model"]["total_slots"] == 2  # the node's two vm units
+    # The node's server listened on its loopback only, and is gone with the bench.
+    [folder] = ray_cluster.tmp.glob("rootbench-llama-*")
+    assert "127.0.0.1" in (folder / "llama-server.log").read_text()
+    pid = int((folder / "llama-server.pid").read_text())
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    assert not cmdline.exists() or b"llama-server" not in cmdline.read_bytes()

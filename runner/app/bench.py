@@ -254,9 +254,9 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
         # Scripted agents start nothing; a model server only when some step must run live.
         scripted = model.kind is not AgentKind.MODEL
         serve = model if needed or scripted else dataclasses.replace(model, kind=AgentKind.NOOP)
-        with signals_raise(), ModelProvider(serve, run_dir, parallel=executor.slots,
-                                            log_label=slug(model.label()) if len(models) > 1
-                                            else None) as provider, executor.cancelling():
+        with signals_raise(), executor.provider(serve, run_dir,
+                                                log_label=slug(model.label()) if len(models) > 1
+                                                else None) as provider, executor.cancelling():
             protocols = {a.label: provider.protocol(a.protocol) for a in group}
             if needed:
                 for a in group:

@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Any
 
 from runner.app import logs
+from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.signals import Interrupted, signals_raise
 from runner.backends.process import die_with_parent, end_process
 from runner.core.errors import InfraError
@@ -109,6 +110,12 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def busy(self) -> int:
         """Jobs submitted and not yet returned by :meth:`next_done`."""
+
+    def provider(self, choice: AgentChoice, run_dir: Path, *,
+                 log_label: str | None = None) -> ModelProvider:
+        """Who serves ``choice``'s model to this executor's episodes: by default one
+        :class:`ModelProvider` in the driver (a llama-server with a slot per episode at once)."""
+        return ModelProvider(choice, run_dir, parallel=self.slots, log_label=log_label)
 
     def free(self) -> bool:
         """Whether one more job would start at once rather than wait."""

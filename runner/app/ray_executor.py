@@ -10,6 +10,11 @@ exactly as a local bench does, so ``--resume``, ``report`` and ``replay``
 work unchanged. A worker (or node) that dies mid-episode is :class:`WorkerLost`:
 that episode is ``infra-error``, the bench goes on.
 
+The model is either an ``--endpoint`` every worker reaches, or, for a named
+model or ``--model-file``, a llama-server per node (:class:`NodeServers`):
+an actor pinned to each node starts it there, bound to that node's loopback
+only, with as many slots as the node has ``vm`` units.
+
 Ray is an optional extra (``pip install 'rootbench[ray]'``): it is imported
 inside :class:`RayExecutor` only, so a plain install never needs it.
 """
@@ -17,16 +22,34 @@ inside :class:`RayExecutor` only, so a plain install never needs it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import secrets
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Hashable
+from pathlib import Path
 from typing import Any
 
 from runner.app import logs
+from runner.app.agents import AgentChoice, ModelProvider
+from runner.app.episodes import EpisodeJob
 from runner.app.executors import CANCEL_GRACE, Done, Executor, WorkerLost, _Job
-from runner.core.errors import InvalidInput
+from runner.backends.llama import (
+    BUILD_TIMEOUT,
+    LlamaServer,
+    ensure_llama_server,
+    fetch_model,
+    llama_fingerprint,
+)
+from runner.backends.openai import OpenAIModel
+from runner.core.errors import InvalidInput, ModelServerError
+from runner.core.model import ChatRequest, Model, ModelReply
+from runner.core.outcomes import AgentKind
+from runner.core.protocol import Protocol, choose_protocol, get_protocol
+from runner.core.spec import Scenario
 
 log = logging.getLogger("rootbench.bench")
 VM_RESOURCE = "vm"  # the custom resource each node declares: how many VMs it runs at once
@@ -47,10 +70,144 @@ def reachable(address: str) -> None:
                            "head running?", field="--ray-address") from None
 
 
+class NodeModel(Model):
+    """A model served by a llama-server on whichever node runs the episode.
+
+    ``--executor ray`` with a named model (or ``--model-file``) and no
+    ``--endpoint``: the driver hands this placeholder to the task, and the
+    worker swaps it (:meth:`resolve`) for an :class:`OpenAIModel` talking to
+    its own node's server, which the node's :class:`_NodeServer` actor starts
+    on first use, bound to that node's loopback.
+    """
+
+    agent = AgentKind.MODEL
+
+    def __init__(self, choice: AgentChoice, seed: int, actors: str) -> None:
+        self.choice = choice
+        self.name = choice.label()
+        self.seed = seed
+        self.actors = actors  # the actors' name prefix: <prefix>-<node id>
+
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        raise ModelServerError("a node's model is resolved on its Ray worker, never called here")
+
+    def resolve(self) -> OpenAIModel:
+        """This node's server as a model (on a Ray worker; the server starts on first use)."""
+        import ray  # on a Ray worker: the optional extra is installed there
+
+        node = ray.get_runtime_context().get_node_id()
+        actor = ray.get_actor(f"{self.actors}-{node}")
+        endpoint, fingerprint = ray.get(actor.endpoint.remote(), timeout=BUILD_TIMEOUT)
+        c = self.choice
+        return OpenAIModel(endpoint, self.name, extra_fingerprint=fingerprint,
+                           temperature=c.temperature, seed=self.seed, max_tokens=c.max_tokens)
+
+
+class _NodeServer:
+    """A Ray actor pinned to one node: that node's llama-server, on its loopback, ``slots`` slots.
+
+    Started on the first episode that asks (building llama-server and fetching
+    the model into the node's cache if they are missing), restarted if it
+    died, stopped with the actor. Its log (and pid) go to a folder under the
+    node's temp directory, named in the driver's progress lines.
+    """
+
+    def __init__(self, choice: AgentChoice, slots: int) -> None:
+        self.choice = choice
+        self.slots = slots
+        self.folder = Path(tempfile.mkdtemp(prefix="rootbench-llama-"))
+        self._server: LlamaServer | None = None
+        self._fingerprint: dict[str, Any] = {}
+
+    def endpoint(self) -> tuple[str, dict[str, Any]]:
+        if self._server is None or not self._server.alive():
+            if self._server is not None:
+                self._server.stop()
+            c = self.choice
+            binary = ensure_llama_server(path=c.llama_server)
+            model_path = Path(c.model_file) if c.model_file else fetch_model(c.model)
+            self._server = LlamaServer(binary, model_path, self.folder / "llama-server.log",
+                                       ctx_size=c.ctx_size, seed=c.seed, parallel=self.slots)
+            self._server.start()
+            assert self._server.proc is not None
+            (self.folder / "llama-server.pid").write_text(f"{self._server.proc.pid}\n")
+            self._fingerprint = llama_fingerprint(self._server, binary, model_path)
+        return self._server.endpoint, self._fingerprint
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+
+def _choose_on_node(model: NodeModel, requested: str) -> tuple[str, str]:
+    """``--protocol auto`` asked of a node's server (the driver cannot reach its loopback)."""
+    protocol, reason = choose_protocol(model.resolve(), requested=requested)
+    return protocol.name, reason
+
+
+class NodeServers(ModelProvider):
+    """The model provider of a Ray bench: one :class:`_NodeServer` actor per node with ``vm``
+    units (as many slots as it has units), created here and ended when the bench's model is done."""
+
+    def __init__(self, executor: RayExecutor, choice: AgentChoice, run_dir: Path) -> None:
+        super().__init__(choice, run_dir, parallel=executor.slots)
+        self._executor = executor
+        self._prefix = f"rootbench-llama-{secrets.token_hex(4)}"
+        self._actors: list[Any] = []
+
+    def __enter__(self) -> NodeServers:
+        ray = self._executor._ray
+        from ray.util.scheduling_strategies import (  # the optional extra, as in RayExecutor
+            NodeAffinitySchedulingStrategy,
+        )
+
+        actor = ray.remote(_NodeServer)
+        for node in ray.nodes():
+            units = int((node.get("Resources") or {}).get(VM_RESOURCE, 0))
+            if not node.get("Alive") or units < 1:
+                continue
+            self._actors.append(actor.options(
+                name=f"{self._prefix}-{node['NodeID']}", num_cpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(self.choice, units))
+        log.info("a llama-server per node (%d node(s)), each on its own loopback, started by "
+                 "the first episode there", len(self._actors))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ray = self._executor._ray
+        for actor in self._actors:
+            with contextlib.suppress(Exception):  # a node that is gone has nothing to stop
+                ray.get(actor.stop.remote(), timeout=60)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        self._actors.clear()
+
+    def protocol(self, requested: str) -> tuple[Protocol, str]:
+        if requested != "auto":
+            return get_protocol(requested), f"--protocol {requested}"
+        ray = self._executor._ray
+        task = ray.remote(_choose_on_node).options(resources={VM_RESOURCE: 1}, num_cpus=0,
+                                                   max_retries=0)
+        name, reason = ray.get(task.remote(NodeModel(self.choice, self.choice.seed, self._prefix),
+                                           requested), timeout=BUILD_TIMEOUT)
+        return get_protocol(name), reason
+
+    def for_scenario(self, scenario: Scenario, round_: int = 0, protocol: str = "tools") -> Model:
+        return NodeModel(self.choice, self.choice.seed + round_, self._prefix)
+
+
+def _resolve(arg: Any) -> Any:
+    """An episode whose model is a node's: with that node's server instead."""
+    if isinstance(arg, EpisodeJob) and isinstance(arg.model, NodeModel):
+        return dataclasses.replace(arg, model=arg.model.resolve())
+    return arg
+
+
 def _on_worker(fn: Callable[..., Any], args: tuple[Any, ...], verbosity: int) -> Any:
     """The task body on a Ray worker: progress lines as rootbench's, then the job itself."""
     logs.setup(verbosity)
-    return fn(*args)
+    return fn(*(_resolve(a) for a in args))
 
 
 class RayExecutor(Executor):
@@ -107,6 +264,14 @@ class RayExecutor(Executor):
                                "start each node with ray start --resources '{\"vm\": 8}'",
                                field="--ray-address")
         return total
+
+    def provider(self, choice: AgentChoice, run_dir: Path, *,
+                 log_label: str | None = None) -> ModelProvider:
+        """A named model without ``--endpoint`` is served on each node by a llama-server of its
+        own; an ``--endpoint`` (every node reaches it) and scripted agents as locally."""
+        if choice.kind is AgentKind.MODEL and not choice.endpoint:
+            return NodeServers(self, choice, run_dir)
+        return ModelProvider(choice, run_dir, parallel=1, log_label=log_label)
 
     @property
     def busy(self) -> int:
