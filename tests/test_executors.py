@@ -144,3 +144,34 @@ def test_jobs_auto_says_what_it_chose_and_replays_in_the_driver(tmp_path: Path) 
     doc = json.loads(r.stdout)
     assert [(e["scenario"], e["verdict"]) for e in doc["episodes"]] == [
         ("rogue-port-80", "pass"), ("permission-403", "pass")]
+
+
+def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
+    from runner.app.bench import run_bench
+    from runner.app.episodes import RunOptions
+    from runner.core.cassette import RecordMode
+    from runner.core.errors import InvalidInput
+    from runner.core.spec import load_specs, select
+
+    [s] = select(load_specs([repo_root() / "specs"]), ["rogue-port-80"])
+    oracle = AgentChoice(kind=AgentKind.ORACLE)
+    record = tmp_path / "rec"
+    for arm in ("oracle-tools-h0", "oracle-tools-h1", "oracle-tools", "oracle-json"):
+        # the committed oracle cassette (protocol tools) under each arm's folder: nothing runs live
+        (record / arm).mkdir(parents=True)
+        (record / arm / "rogue-port-80.jsonl").write_bytes((ORACLE / "rogue-port-80.jsonl").read_bytes())
+    run = tmp_path / "run"
+    arms = matrix([oracle], ["tools"], [0, 1])  # rogue-port-80 has no hints: both at level 0
+    eps = run_bench([s], oracle, RunOptions(), run, arms=arms, record_to=record,
+                    record_mode=RecordMode.ONCE)
+    assert [(e.arm, e.verdict.value) for e in eps] == [("oracle-tools-h0", "pass"),
+                                                       ("oracle-tools-h1", "pass")]
+    with pytest.raises(InvalidInput, match="resume it with the same"):
+        run_bench([s], oracle, RunOptions(), run, resume=True)
+    again = run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
+    assert [e.arm for e in again] == ["oracle-tools-h0", "oracle-tools-h1"]
+    # a recorded cassette of another protocol is refused, never passed off as this arm's
+    with pytest.raises(InvalidInput, match="speaks protocol tools, this run asks for json"):
+        run_bench([s], oracle, RunOptions(), tmp_path / "json",
+                  arms=matrix([oracle], ["tools", "json"], [0]), record_to=record,
+                  record_mode=RecordMode.ONCE)

@@ -85,7 +85,7 @@ GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed")
 
 
 def _from_recording(round_: int, level: int, recorded: Path,
-                    cassette: Path) -> Episode:
+                    cassette: Path, protocol: str = "auto") -> Episode:
     """``--record-mode once|none``: the episode replayed offline from its recorded cassette.
 
     The recorded verdict gives the run's figures (time, tokens); the grading
@@ -102,6 +102,10 @@ def _from_recording(round_: int, level: int, recorded: Path,
         raise InvalidInput(f"the recorded cassette ran at hint level "
                            f"{loaded.header.get('hint_level', 0)}, this run is at {level}",
                            path=str(recorded), field="header.hint_level")
+    spoken = str((loaded.header.get("protocol") or {}).get("name", ""))
+    if protocol != "auto" and spoken != protocol:
+        raise InvalidInput(f"the recorded cassette speaks protocol {spoken or '?'}, this run asks "
+                           f"for {protocol}", path=str(recorded), field="header.protocol")
     cassette.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(recorded, cassette)
     verdict = loaded.verdict or {}
@@ -185,7 +189,9 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
         info["arms"] = [{"label": a.label, "model": a.choice.label(), "protocol": a.protocol,
                          "hints": a.hints} for a in arms]
     _, done = load_results(run_dir) if resume else ({}, [])
-    if not resume:
+    if resume:
+        _same_arms(run_dir, arms)
+    else:
         atomic_write(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
     episodes: dict[Key, Episode] = {(e.arm, e.scenario, e.round, e.hint_level): e for e in done}
     wanted = [(a, s, r) for a in arms for r in range(opts.repeat) for s in scenarios]
@@ -279,6 +285,21 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     return ordered()
 
 
+def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
+    """``--resume`` of a matrix bench must ask for the same arms (else every episode would run
+    again under other names); a bench of one arm resumes as it always did."""
+    try:
+        asked = json.loads((run_dir / "run.json").read_text()).get("arms") or []
+    except (OSError, ValueError, AttributeError):
+        return  # no or an old run.json: nothing to hold the resume to
+    had = [a.get("label") for a in asked if isinstance(a, dict)]
+    now = [a.label for a in arms if a.label]
+    if had != now:
+        raise InvalidInput(f"this run directory is a bench of {', '.join(had) or 'one arm'}; "
+                           f"resume it with the same --model, --protocol and --hints (asked: "
+                           f"{', '.join(now) or 'one arm'})", path=str(run_dir), field="--resume")
+
+
 def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
            next_step: Callable[[Arm, Scenario, int, bool], int | None],
            recorded: Callable[[Arm, Scenario, int, int], Path | None], provider: ModelProvider,
@@ -325,7 +346,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             cassette = _folder(run_dir / "cassettes", a) / _cassette_name(s, r, level)
             source = recorded(a, s, r, level)
             if source is not None:
-                ep = _from_recording(r, level, source, cassette)
+                ep = _from_recording(r, level, source, cassette, a.protocol)
                 ep.arm = a.label
                 finish(key, ep, True, tag, a)
                 if ep.verdict is Verdict.INFRA_ERROR:
