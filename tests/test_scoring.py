@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runner.app import bench as bench_mod
+from runner.app import episodes as episodes_mod
 from runner.app import html_report
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
@@ -368,7 +369,7 @@ def test_the_ladder_climbs_until_the_first_pass(tmp_path: Path, monkeypatch: pyt
                                                 passes_at: int, levels: list[int],
                                                 assist: int | None) -> None:
     fake = _fake_run_one(passes_at)
-    monkeypatch.setattr(bench_mod, "run_one", fake)
+    monkeypatch.setattr(episodes_mod, "run_one", fake)  # run_job, in the driver at --jobs 1, calls it
     monkeypatch.setattr(bench_mod, "_prepare_sandboxes", lambda images, opts: None)
     s = load_spec(_spec(tmp_path))
     eps = run_bench([s], AgentChoice(kind=AgentKind.NOOP), RunOptions(ladder=True, repeat=2),
@@ -388,7 +389,7 @@ def test_the_ladder_climbs_until_the_first_pass(tmp_path: Path, monkeypatch: pyt
 def test_hints_k_runs_every_scenario_at_k_capped(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake_run_one(9)
-    monkeypatch.setattr(bench_mod, "run_one", fake)
+    monkeypatch.setattr(episodes_mod, "run_one", fake)  # run_job, in the driver at --jobs 1, calls it
     monkeypatch.setattr(bench_mod, "_prepare_sandboxes", lambda images, opts: None)
     s = load_spec(_spec(tmp_path))
     text = (repo_root() / "specs" / "rogue-port-80.yaml").read_text()

@@ -2,13 +2,15 @@
 
 :class:`ModelProvider` owns the model server's lifecycle for a bench: it
 builds and starts llama-server when a named model or GGUF file is asked
-for, restarts it if it dies between scenarios, and stops it at the end.
+for (with one slot per episode that may run at once), restarts it if it dies
+between scenarios, and stops it at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,9 +58,13 @@ class AgentChoice:
 class ModelProvider:
     """Gives each episode its model; starts (and restarts) llama-server when needed."""
 
-    def __init__(self, choice: AgentChoice, run_dir: Path) -> None:
+    def __init__(self, choice: AgentChoice, run_dir: Path, *, parallel: int = 1,
+                 log_label: str | None = None) -> None:
         self.choice = choice
         self.run_dir = run_dir
+        self.log_label = log_label
+        self.parallel = parallel  # episodes at once: llama-server gets as many slots
+        self._lock = threading.Lock()  # one restart at a time, whoever asks
         self._stack = contextlib.ExitStack()
         self._server: LlamaServer | None = None
         self._model: Model | None = None
@@ -76,10 +82,12 @@ class ModelProvider:
         model_path = Path(c.model_file) if c.model_file else fetch_model(c.model)
         if not model_path.is_file():
             raise InvalidInput("no such model file", path=str(model_path), field="--model-file")
-        server_log = self.run_dir / "logs" / "llama-server.log"
-        log.info("starting llama-server with %s", model_path.name)
+        server_log = self.run_dir / "logs" / f"llama-server{self._log_suffix()}.log"
+        log.info("starting llama-server with %s (%d slot%s of %d tokens)", model_path.name,
+                 self.parallel, "" if self.parallel == 1 else "s", c.ctx_size)
         self._server = self._stack.enter_context(
-            LlamaServer(binary, model_path, server_log, ctx_size=c.ctx_size, seed=c.seed))
+            LlamaServer(binary, model_path, server_log, ctx_size=c.ctx_size, seed=c.seed,
+                        parallel=self.parallel))
         extra = llama_fingerprint(self._server, binary, model_path)
         self._model = OpenAIModel(self._server.endpoint, c.label(), extra_fingerprint=extra,
                                   **sampling)
@@ -88,15 +96,22 @@ class ModelProvider:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def _log_suffix(self) -> str:
+        """``llama-server.log`` as always; ``llama-server-<model>.log`` when a matrix bench runs
+        several models, so one server's log never mixes with another's."""
+        return f"-{self.log_label}" if self.log_label else ""
+
     def protocol(self, requested: str) -> tuple[Protocol, str]:
         """The action protocol for this bench and, for the cassette, why."""
         if self.choice.kind is not AgentKind.MODEL:
+            if requested != "auto":  # scripted agents answer in whatever protocol they are asked
+                return get_protocol(requested), f"--protocol {requested}"
             return get_protocol("tools"), f"{self.choice.kind} agents speak native tool calls"
         assert self._model is not None
         return choose_protocol(self._model, requested=requested)
 
-    def for_scenario(self, scenario: Scenario, round_: int = 0) -> Model:
-        """The agent for one episode (scripted agents are made per scenario).
+    def for_scenario(self, scenario: Scenario, round_: int = 0, protocol: str = "tools") -> Model:
+        """The agent for one episode (scripted agents are made per scenario, speaking ``protocol``).
 
         A real model samples round ``r`` with seed ``seed + r``: with one seed
         for every round, rounds at a temperature above 0 would repeat each
@@ -104,13 +119,17 @@ class ModelProvider:
         model's fingerprint, so each cassette header records its own.
         """
         if self.choice.kind is AgentKind.ORACLE:
-            return oracle(list(scenario.solution))
+            return oracle(list(scenario.solution), protocol)
         if self.choice.kind is AgentKind.NOOP:
-            return noop()
-        if self._server is not None and not self._server.alive():
-            log.warning("llama-server is down; restarting it for the next scenario")
-            self._server.restart()
+            return noop(protocol)
+        with self._lock:
+            if self._server is not None and not self._server.alive():
+                log.warning("llama-server is down; restarting it for the next scenario")
+                self._server.restart()
         assert self._model is not None
         if isinstance(self._model, OpenAIModel):
-            self._model.seed = self.choice.seed + round_  # episodes run one at a time
+            # Each episode its own copy: episodes may run at once, each with its round's seed,
+            # and a restarted server listens on a new port.
+            endpoint = self._server.endpoint if self._server is not None else None
+            return self._model.clone(seed=self.choice.seed + round_, endpoint=endpoint)
         return self._model

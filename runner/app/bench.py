@@ -3,6 +3,13 @@
 One episode's infrastructure failure never stops the bench: it is recorded
 as ``infra-error`` and the next scenario runs. See :mod:`runner.app.runs`
 for the run directory's layout.
+
+A bench may be a matrix: several :class:`Arm` (model x protocol x hint level)
+over the same scenarios and rounds, into one run directory, one model server
+at a time. Episodes run through an executor (:mod:`runner.app.executors`):
+one at a time in this process, N at once in child processes, or as Ray tasks;
+whichever it is, only this driver writes the run directory, after each
+episode, in a stable order.
 """
 
 from __future__ import annotations
@@ -11,14 +18,17 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from runner import __version__
 from runner.app import html_report
 from runner.app.agents import AgentChoice, ModelProvider
-from runner.app.episodes import RunOptions, run_one
+from runner.app.episodes import EpisodeJob, JobResult, RunOptions, run_job
+from runner.app.executors import Executor, InProcess, WorkerLost
 from runner.app.replay import replay_one
-from runner.app.runs import atomic_write, load_results, write_results
+from runner.app.runs import atomic_write, load_results, slug, write_results
 from runner.app.signals import signals_raise
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette, RecordMode
@@ -75,7 +85,7 @@ GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed")
 
 
 def _from_recording(round_: int, level: int, recorded: Path,
-                    cassette: Path) -> Episode:
+                    cassette: Path, protocol: str = "auto") -> Episode:
     """``--record-mode once|none``: the episode replayed offline from its recorded cassette.
 
     The recorded verdict gives the run's figures (time, tokens); the grading
@@ -92,6 +102,10 @@ def _from_recording(round_: int, level: int, recorded: Path,
         raise InvalidInput(f"the recorded cassette ran at hint level "
                            f"{loaded.header.get('hint_level', 0)}, this run is at {level}",
                            path=str(recorded), field="header.hint_level")
+    spoken = str((loaded.header.get("protocol") or {}).get("name", ""))
+    if protocol != "auto" and spoken != protocol:
+        raise InvalidInput(f"the recorded cassette speaks protocol {spoken or '?'}, this run asks "
+                           f"for {protocol}", path=str(recorded), field="header.protocol")
     cassette.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(recorded, cassette)
     verdict = loaded.verdict or {}
@@ -105,126 +119,267 @@ def _from_recording(round_: int, level: int, recorded: Path,
     return ep
 
 
-Key = tuple[str, int, int]  # (scenario, round, hint level): one episode, one cassette
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One cell of a bench's matrix: who acts, the protocol asked for, the hint level asked for.
+
+    ``label`` names the cell in results (``Episode.arm``), in the cassette
+    folder (``cassettes/<label>/``) and in the tables; it is None when the
+    bench has only this one cell, whose run directory looks as it always did.
+    """
+
+    choice: AgentChoice
+    protocol: str = "auto"
+    hints: int = 0
+    label: str | None = None
+
+
+def matrix(choices: list[AgentChoice], protocols: list[str], hints: list[int]) -> list[Arm]:
+    """Every model x protocol x hint level, in the order given, without repeats; one arm: unlabelled."""
+    cells: list[tuple[AgentChoice, str, int]] = []
+    for c in choices:
+        for p in protocols:
+            for h in hints:
+                if (c, p, h) not in cells:
+                    cells.append((c, p, h))
+    if len(cells) == 1:
+        c, p, h = cells[0]
+        return [Arm(c, p, h)]
+    several_hints = len({h for _c, _p, h in cells}) > 1
+    return [Arm(c, p, h, slug(f"{c.label()}-{p}" + (f"-h{h}" if several_hints else "")))
+            for c, p, h in cells]
+
+
+Key = tuple[str | None, str, int, int]  # (arm, scenario, round, hint level): one episode, one cassette
+
+
+def _folder(base: Path, arm: Arm) -> Path:
+    """Where an arm's cassettes go: ``base`` itself in a bench of one, ``base/<arm>`` in a matrix."""
+    return base / arm.label if arm.label else base
 
 
 def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, run_dir: Path,
               *, resume: bool = False, retry_infra: int = 0, record_to: Path | None = None,
-              record_mode: RecordMode = RecordMode.ALL) -> list[Episode]:
-    """Run every scenario ``opts.repeat`` times; results are on disk after each one.
+              record_mode: RecordMode = RecordMode.ALL, arms: list[Arm] | None = None,
+              executor: Executor | None = None) -> list[Episode]:
+    """Run every scenario ``opts.repeat`` times for every arm; results are on disk after each one.
 
     With ``record_to``, every cassette is also copied there. ``record_mode``
     says what to do with cassettes already there: ``all`` runs everything
     live, ``once`` replays those it has and runs the rest, ``none`` replays
     only (a missing cassette is an error, found before anything runs).
 
-    Each round runs at ``opts.hints`` (capped per scenario), or with
+    Each round runs at its arm's hint level (capped per scenario), or with
     ``opts.ladder`` at level 0 and then one level higher after each failure,
     until a pass or the last hint: every step is its own episode.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    info = {"agent": {**dataclasses.asdict(choice), "kind": choice.kind.value},
-            "options": dataclasses.asdict(opts), "scenarios": [s.path for s in scenarios],
-            "harness": __version__}
-    _, done = load_results(run_dir) if resume else ({}, [])
-    if not resume:
-        atomic_write(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
-    episodes: dict[Key, Episode] = {(e.scenario, e.round, e.hint_level): e for e in done}
-    wanted = [(s, r) for r in range(opts.repeat) for s in scenarios]
-    position = {(s.id, r): i for i, (s, r) in enumerate(wanted)}
 
-    def recorded(s: Scenario, r: int, level: int) -> Path | None:
+    ``arms`` (default: ``choice`` with ``opts.protocol`` and ``opts.hints``)
+    are run one model at a time: each model's server starts once, for all its
+    protocols. ``executor`` (default: one episode at a time, here) runs the
+    episodes; the caller owns it (and closes it).
+    """
+    arms = list(arms) if arms else [Arm(choice, opts.protocol, opts.hints)]
+    executor = executor if executor is not None else InProcess()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {"agent": {**dataclasses.asdict(choice), "kind": choice.kind.value},
+                            "options": dataclasses.asdict(opts),
+                            "scenarios": [s.path for s in scenarios], "harness": __version__,
+                            "jobs": executor.slots}
+    if arms[0].label:
+        info["arms"] = [{"label": a.label, "model": a.choice.label(), "protocol": a.protocol,
+                         "hints": a.hints} for a in arms]
+    _, done = load_results(run_dir) if resume else ({}, [])
+    if resume:
+        _same_arms(run_dir, arms)
+    else:
+        atomic_write(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
+    episodes: dict[Key, Episode] = {(e.arm, e.scenario, e.round, e.hint_level): e for e in done}
+    wanted = [(a, s, r) for a in arms for r in range(opts.repeat) for s in scenarios]
+    position = {(a.label, s.id, r): i for i, (a, s, r) in enumerate(wanted)}
+    arm_opts = {a.label: dataclasses.replace(opts, protocol=a.protocol, hints=a.hints) for a in arms}
+
+    def recorded(a: Arm, s: Scenario, r: int, level: int) -> Path | None:
         """The cassette in ``record_to`` this run would be replayed from (round 0 at level 0 may be
         ``<id>.jsonl``, as ``verify`` names its oracle cassettes)."""
         if record_to is None or record_mode is RecordMode.ALL:
             return None
+        folder = _folder(record_to, a)
         names = [_cassette_name(s, r, level)] + ([f"{s.id}.jsonl"] if r == 0 and not level else [])
-        return next((record_to / n for n in names if (record_to / n).is_file()), None)
+        return next((folder / n for n in names if (folder / n).is_file()), None)
 
     def needs(key: Key, retry: bool) -> bool:
         return key not in episodes or (retry and episodes[key].verdict is Verdict.INFRA_ERROR)
 
-    def next_step(s: Scenario, r: int, retry: bool) -> int | None:
+    def next_step(a: Arm, s: Scenario, r: int, retry: bool) -> int | None:
         """The level this round must run next, walking its ladder over what is done; None: done."""
-        for level in levels(s, opts):
-            key = (s.id, r, level)
+        for level in levels(s, arm_opts[a.label]):
+            key = (a.label, s.id, r, level)
             if needs(key, retry):
                 return level
-            if not climbs(episodes[key], opts):
+            if not climbs(episodes[key], arm_opts[a.label]):
                 return None
         return None
 
     if record_mode is RecordMode.NONE:
-        missing = [f"{s.id} (round {r + 1})" for s, r in wanted
-                   if (lv := next_step(s, r, resume)) is not None and recorded(s, r, lv) is None]
+        missing = [f"{(a.label + ' ') if a.label else ''}{s.id} (round {r + 1})"
+                   for a, s, r in wanted
+                   if (lv := next_step(a, s, r, resume)) is not None
+                   and recorded(a, s, r, lv) is None]
         if record_to is None or missing:
             raise InvalidInput(f"--record-mode none needs a cassette for every run; missing: "
                                f"{', '.join(missing[:5]) or 'no --record-to'}", field="--record-mode")
 
     def ordered() -> list[Episode]:
-        # Stable order: as asked (round by round, scenarios as given, levels up); anything else after.
+        # Stable order: as asked (arm by arm, round by round, scenarios as given, levels up);
+        # anything else after.
         return sorted(episodes.values(),
-                      key=lambda e: (position.get((e.scenario, e.round), len(position)),
-                                     e.scenario, e.round, e.hint_level))
+                      key=lambda e: (position.get((e.arm, e.scenario, e.round), len(position)),
+                                     e.arm or "", e.scenario, e.round, e.hint_level))
 
-    def todo(attempt: int) -> list[tuple[Scenario, int]]:
+    def todo(group: list[Arm], attempt: int) -> list[tuple[Arm, Scenario, int]]:
         """Rounds with a step still to do: a missing one, and on a retry (or a resume) an infra-error."""
         retry = attempt > 0 or resume
-        return [(s, r) for s, r in wanted if next_step(s, r, retry) is not None]
+        return [(a, s, r) for a, s, r in wanted
+                if a in group and next_step(a, s, r, retry) is not None]
 
-    # Scripted agents start nothing; a model server only when some step must run live.
-    scripted = choice.kind is not AgentKind.MODEL
-    live = [(s, r) for s, r in todo(0)
-            if recorded(s, r, next_step(s, r, resume) or 0) is None]
-    with signals_raise():
-        _prepare_sandboxes(sorted({s.image for s, _r in live}), opts)
-    with signals_raise(), ModelProvider(choice if live or scripted else
-                                        dataclasses.replace(choice, kind=AgentKind.NOOP),
-                                        run_dir) as provider:
-        protocol, reason = provider.protocol(opts.protocol)
-        if live:
-            log.info("protocol %s: %s", protocol.name, reason)
-        for attempt in range(retry_infra + 1):
-            runs = todo(attempt)
-            if attempt > 0 and not runs:
-                break
-            if attempt > 0:
-                log.info("retrying %d infra-error run(s), try %d", len(runs), attempt)
-            retry = attempt > 0 or resume
-            for i, (s, r) in enumerate(runs, 1):
-                while (level := next_step(s, r, retry)) is not None:
-                    tag = s.id + (f" (round {r + 1})" if opts.repeat > 1 else "") + \
-                        (f" (hint level {level})" if level else "")
-                    log.info("%d/%d %s", i, len(runs), tag)
-                    ep, source = _step(s, r, level, recorded(s, r, level), provider, protocol,
-                                       reason, opts, run_dir)
-                    episodes[(s.id, r, level)] = ep
-                    write_results(run_dir, info, ordered())
-                    report = html_report.refresh(run_dir, log)
-                    if report is not None and i == 1 and attempt == 0 and not level:
-                        log.info("report (rewritten after each scenario): %s", report)
-                    if record_to is not None and source is None and ep.cassette:
-                        record_to.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(ep.cassette, record_to / Path(ep.cassette).name)
-                    how = " (replayed from its recording)" if source is not None else ""
-                    log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
-                             f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS
-                             else "")
-                    if ep.verdict is Verdict.INFRA_ERROR:
-                        break  # a retry (--retry-infra) picks it up; never climb past it
-        write_results(run_dir, info, ordered())
-        report = html_report.refresh(run_dir, log)
-        if report is not None:
-            log.info("report: %s", report)
+    def live(group: list[Arm]) -> list[tuple[Arm, Scenario, int]]:
+        return [(a, s, r) for a, s, r in todo(group, 0)
+                if recorded(a, s, r, next_step(a, s, r, resume) or 0) is None]
+
+    if not executor.remote:  # a Ray node builds its own images and snapshots
+        with signals_raise():
+            _prepare_sandboxes(sorted({s.image for _a, s, _r in live(arms)}), opts)
+    models: list[AgentChoice] = []
+    for a in arms:
+        if a.choice not in models:
+            models.append(a.choice)
+    first_report = True
+    for model in models:
+        group = [a for a in arms if a.choice == model]
+        needed = live(group)
+        # Scripted agents start nothing; a model server only when some step must run live.
+        scripted = model.kind is not AgentKind.MODEL
+        serve = model if needed or scripted else dataclasses.replace(model, kind=AgentKind.NOOP)
+        with signals_raise(), executor.provider(serve, run_dir,
+                                                log_label=slug(model.label()) if len(models) > 1
+                                                else None) as provider, executor.cancelling():
+            protocols = {a.label: provider.protocol(a.protocol) for a in group}
+            if needed:
+                for a in group:
+                    log.info("%sprotocol %s: %s", f"{a.label}: " if a.label else "",
+                             protocols[a.label][0].name, protocols[a.label][1])
+            for attempt in range(retry_infra + 1):
+                runs = todo(group, attempt)
+                if attempt > 0 and not runs:
+                    break
+                if attempt > 0:
+                    log.info("retrying %d infra-error run(s), try %d", len(runs), attempt)
+                first_report = _drive(runs, attempt > 0 or resume, next_step, recorded, provider,
+                                      protocols, arm_opts, executor, run_dir, record_to, episodes,
+                                      lambda: write_results(run_dir, info, ordered()),
+                                      first_report)
+    write_results(run_dir, info, ordered())
+    report = html_report.refresh(run_dir, log)
+    if report is not None:
+        log.info("report: %s", report)
     return ordered()
 
 
-def _step(s: Scenario, r: int, level: int, source: Path | None, provider: ModelProvider,
-          protocol: Protocol, reason: str, opts: RunOptions,
-          run_dir: Path) -> tuple[Episode, Path | None]:
-    """One episode of a round at one hint level: replayed from ``source``, else run live."""
-    cassette = run_dir / "cassettes" / _cassette_name(s, r, level)
-    if source is not None:
-        return _from_recording(r, level, source, cassette), source
-    return run_one(s, provider.for_scenario(s, r), protocol, reason, opts, cassette,
-                   round_=r, hint_level=level), None
+def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
+    """``--resume`` of a matrix bench must ask for the same arms (else every episode would run
+    again under other names); a bench of one arm resumes as it always did."""
+    try:
+        asked = json.loads((run_dir / "run.json").read_text()).get("arms") or []
+    except (OSError, ValueError, AttributeError):
+        return  # no or an old run.json: nothing to hold the resume to
+    had = [a.get("label") for a in asked if isinstance(a, dict)]
+    now = [a.label for a in arms if a.label]
+    if had != now:
+        raise InvalidInput(f"this run directory is a bench of {', '.join(had) or 'one arm'}; "
+                           f"resume it with the same --model, --protocol and --hints (asked: "
+                           f"{', '.join(now) or 'one arm'})", path=str(run_dir), field="--resume")
+
+
+def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
+           next_step: Callable[[Arm, Scenario, int, bool], int | None],
+           recorded: Callable[[Arm, Scenario, int, int], Path | None], provider: ModelProvider,
+           protocols: dict[str | None, tuple[Protocol, str]], arm_opts: dict[str | None, RunOptions],
+           executor: Executor, run_dir: Path, record_to: Path | None,
+           episodes: dict[Key, Episode], save: Callable[[], None], first_report: bool) -> bool:
+    """Run ``runs`` (each a round's chain of hint levels) through ``executor``, keeping
+    ``executor.slots`` episodes going, and record each episode here, in the driver, as it ends.
+
+    Recorded steps (``--record-mode once``) are replayed here at once; a
+    ladder's next level is submitted when the level before it fails. Returns
+    whether the first report's path is still to be announced.
+    """
+    pending = [(i, a, s, r) for i, (a, s, r) in enumerate(runs, 1)]
+    in_flight: dict[Key, tuple[EpisodeJob, int, str, Arm, Scenario]] = {}
+
+    def tag_of(a: Arm, s: Scenario, r: int, level: int) -> str:
+        return ((f"{a.label}: " if a.label else "") + s.id
+                + (f" (round {r + 1})" if arm_opts[a.label].repeat > 1 else "")
+                + (f" (hint level {level})" if level else ""))
+
+    def finish(key: Key, ep: Episode, replayed: bool, tag: str, a: Arm) -> None:
+        nonlocal first_report
+        episodes[key] = ep
+        save()
+        report = html_report.refresh(run_dir, log)
+        if report is not None and first_report:
+            log.info("report (rewritten after each scenario): %s", report)
+            first_report = False
+        if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
+            folder = _folder(record_to, a)
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ep.cassette, folder / Path(ep.cassette).name)
+        how = " (replayed from its recording)" if replayed else ""
+        log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
+                 f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS else "")
+
+    def advance(i: int, a: Arm, s: Scenario, r: int) -> None:
+        """Replay or submit this round's next step (replays go on to the step after)."""
+        while (level := next_step(a, s, r, retry)) is not None:
+            key = (a.label, s.id, r, level)
+            tag = tag_of(a, s, r, level)
+            log.info("%d/%d %s", i, len(runs), tag)
+            cassette = _folder(run_dir / "cassettes", a) / _cassette_name(s, r, level)
+            source = recorded(a, s, r, level)
+            if source is not None:
+                ep = _from_recording(r, level, source, cassette, a.protocol)
+                ep.arm = a.label
+                finish(key, ep, True, tag, a)
+                if ep.verdict is Verdict.INFRA_ERROR:
+                    return
+                continue
+            protocol, reason = protocols[a.label]
+            job = EpisodeJob(s, provider.for_scenario(s, r, protocol.name), protocol.name, reason,
+                             arm_opts[a.label], cassette, r, level, a.label, ship=executor.remote)
+            executor.submit(key, run_job, (job,),
+                            timeout=2 * s.budget.seconds + executor.setup_slack)
+            in_flight[key] = (job, i, tag, a, s)
+            return
+
+    while pending or in_flight:
+        while pending and executor.free():
+            advance(*pending.pop(0))
+        if not in_flight:
+            continue
+        done = executor.next_done(1.0)
+        if done is None:
+            continue
+        job, i, tag, a, s = in_flight.pop(done.key)  # type: ignore[index]
+        if isinstance(done.error, WorkerLost):
+            log.warning("%s: %s", tag, one_line(str(done.error)))
+            ep = job.lost(str(done.error))
+        elif done.error is not None:
+            raise done.error
+        else:
+            result: JobResult = done.value
+            ep = result.episode
+            if result.cassette_text is not None:
+                atomic_write(job.cassette, result.cassette_text)
+        finish(done.key, ep, False, tag, a)  # type: ignore[arg-type]
+        if ep.verdict is not Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
+            advance(i, a, s, job.round)  # the ladder's next level, if it climbs
+    return first_report

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import functools
+import importlib.util
 import json
 import logging
 import math
@@ -20,22 +22,32 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import requests
 
 from runner import __version__
 from runner.app import atif, html_report, logs
 from runner.app.agents import AgentChoice
-from runner.app.bench import run_bench
+from runner.app.bench import matrix, run_bench
 from runner.app.cache import entries, prune
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
+from runner.app.executors import (
+    MAX_JOBS,
+    Executor,
+    ExecutorKind,
+    WorkerLost,
+    auto_jobs,
+    make_local,
+)
 from runner.app.perf import measure, render
+from runner.app.ray_executor import RayExecutor, reachable
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import load_results, new_run_dir
-from runner.app.signals import Interrupted
+from runner.app.signals import Interrupted, signals_raise
 from runner.app.verify import Verification, table_rows, verify_repeated
 from runner.backends.cachedir import cache_root
 from runner.backends.images import build_image, find_image, list_images
@@ -55,7 +67,7 @@ from runner.core.errors import InfraError, InvalidInput, RootbenchError
 from runner.core.outcomes import AgentKind, ReplayResult, Verdict
 from runner.core.protocol import CHOICES
 from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs, select
-from runner.core.text import printable
+from runner.core.text import one_line, printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
 log = logging.getLogger("rootbench.cli")
@@ -93,11 +105,14 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent", choices=[a.value for a in AgentKind], default="model",
                    help="who acts: a model, the scenario's solution, or nobody")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"named model (default {DEFAULT_MODEL})")
+    p.add_argument("--model", action="append", metavar="NAME",
+                   help=f"named model (default {DEFAULT_MODEL}); several: a matrix, one model "
+                        "server at a time")
     p.add_argument("--model-file", help="any GGUF file to serve with llama-server")
     p.add_argument("--endpoint", help="an OpenAI-compatible server already running (nothing is started)")
     p.add_argument("--llama-server", help="your own llama-server binary")
-    p.add_argument("--protocol", choices=CHOICES, default="auto", help="how the model acts")
+    p.add_argument("--protocol", action="append", choices=CHOICES,
+                   help="how the model acts (default auto); several: a matrix")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=512)
@@ -106,8 +121,9 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per scenario, round r with seed SEED+r (reports pass@1, pass@N; "
                         "needs --temperature above 0 to mean anything)")
-    p.add_argument("--hints", type=int, default=0, metavar="K",
-                   help="give every scenario's task its first K hints (capped at the hints it has)")
+    p.add_argument("--hints", type=int, action="append", metavar="K",
+                   help="give every scenario's task its first K hints (capped at the hints it "
+                        "has); several: a matrix")
     p.add_argument("--ladder", action="store_true",
                    help="run each scenario at hint level 0, then one level higher after each "
                         "failure until it passes or the hints run out (the table's assist column)")
@@ -117,11 +133,22 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
                         "agent's time budget)")
     _format_arg(p)
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")
+    _jobs_arg(p, "episodes at once, each in its own VM (auto: from cores, free memory and the "
+                 "model server's slots); our llama-server gets as many slots")
+    p.add_argument("--executor", choices=[k.value for k in ExecutorKind], default="local",
+                   help="where episodes run: this host, or a Ray cluster (pip install "
+                        "'rootbench[ray]'; nodes declare a 'vm' resource)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="with --executor ray: the cluster's head (its GCS address)")
     p.add_argument("--record-to", help="also copy every cassette into this directory")
     p.add_argument("--record-mode", choices=[m.value for m in RecordMode], default="all",
                    help="with --record-to: all runs everything live; once replays the scenarios "
                         "that already have a cassette there; none replays only")
     _vm_args(p)
+
+
+def _jobs_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--jobs", default=None, metavar="N|auto", help=f"{what} (default 1)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,7 +198,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*")
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle)")
-    p.add_argument("--jobs", type=int, default=1, help="scenarios verified side by side (VMs at once)")
+    _jobs_arg(p, "scenarios verified side by side, each in its own child process and VM "
+                 "(auto: from cores and free memory)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run the checks N times; a scenario whose tries disagree is flaky (invalid)")
     _format_arg(p)
@@ -181,6 +209,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-vm", action="store_true", help="skip the VM figures")
     p.add_argument("--no-model", action="store_true", help="skip the model figures")
+    p.add_argument("--no-scale", action="store_true",
+                   help="skip the --jobs 1 against --jobs 2 oracle benches")
     p.add_argument("--model", default=None, help="named model for the model figures")
     _vm_args(p)
 
@@ -267,9 +297,45 @@ def _number(value: float, flag: str, low: int, high: int) -> None:
         raise InvalidInput(f"must be a number from {low} to {high}, not {value!r}", field=flag)
 
 
-def _choice(args: argparse.Namespace) -> AgentChoice:
-    """The agent flags, checked before any work is done (no image build, no VM, no server)."""
+def _jobs(value: str | None, flag: str = "--jobs") -> int | None:
+    """``--jobs``: a number of episodes at once, or None for ``auto`` (sized later, said aloud)."""
+    if value is None:
+        return 1
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise InvalidInput(f"must be a number from 1 to {MAX_JOBS} or auto, not {value!r}",
+                           field=flag) from None
+    _number(jobs, flag, 1, MAX_JOBS)
+    return jobs
+
+
+def _ray_address(args: argparse.Namespace) -> str | None:
+    """``--executor ray``: Ray installed and its head answering, checked before any VM starts."""
+    if args.executor != ExecutorKind.RAY.value:
+        if args.ray_address:
+            raise InvalidInput("--ray-address is for --executor ray", field="--ray-address")
+        return None
+    if not args.ray_address:
+        raise InvalidInput("--executor ray needs --ray-address HOST:PORT (the head's address)",
+                           field="--ray-address")
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a broken or blocked install is no install
+        found = False
+    if not found:
+        raise InvalidInput("Ray is not installed: pip install 'rootbench[ray]'", field="--executor")
+    reachable(args.ray_address)
+    return str(args.ray_address)
+
+
+def _choices(args: argparse.Namespace) -> list[AgentChoice]:
+    """The agent flags, checked before any work is done (no image build, no VM, no server):
+    one choice per ``--model`` (a matrix when there are several)."""
     agent = AgentKind(args.agent)
+    models: list[str] = args.model or [DEFAULT_MODEL]
     if args.endpoint is not None:
         url = urlsplit(args.endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -283,9 +349,17 @@ def _choice(args: argparse.Namespace) -> AgentChoice:
     if args.model_file is not None:
         if not Path(args.model_file).is_file():
             raise InvalidInput("no such file", path=args.model_file, field="--model-file")
-    elif agent is AgentKind.MODEL and args.endpoint is None and args.model not in MODELS:
-        raise InvalidInput(f"unknown model {args.model!r} (known: {', '.join(MODELS)}; or give "
-                           "--model-file, or --endpoint for a server of your own)", field="--model")
+        if len(models) > 1:
+            raise InvalidInput("--model-file is one model: give it alone, or several --model",
+                               field="--model-file")
+    elif agent is AgentKind.MODEL and args.endpoint is None:
+        for model in models:
+            if model not in MODELS:
+                raise InvalidInput(f"unknown model {model!r} (known: {', '.join(MODELS)}; or give "
+                                   "--model-file, or --endpoint for a server of your own)",
+                                   field="--model")
+    if agent is not AgentKind.MODEL:
+        models = models[:1]  # scripted agents have no model: one arm per protocol
     if args.llama_server is not None:
         binary = Path(args.llama_server)
         if not binary.is_file() or not os.access(binary, os.X_OK):
@@ -295,32 +369,76 @@ def _choice(args: argparse.Namespace) -> AgentChoice:
     _number(args.max_tokens, "--max-tokens", 1, 1 << 20)
     _number(args.ctx_size, "--ctx-size", 512, 1 << 22)
     _number(args.repeat, "--repeat", 1, 10_000)
-    _number(args.hints, "--hints", 0, 100)
-    if args.ladder and args.hints:
+    for hints in args.hints or [0]:
+        _number(hints, "--hints", 0, 100)
+    if args.ladder and any(args.hints or []):
         raise InvalidInput("--ladder climbs the hint levels itself: give --ladder or --hints K, "
                            "not both", field="--ladder")
     _number(getattr(args, "retry_infra", 0), "--retry-infra", 0, 100)
     if args.record_mode != RecordMode.ALL.value and not args.record_to:
         raise InvalidInput(f"--record-mode {args.record_mode} needs --record-to DIR",
                            field="--record-mode")
+    _jobs(args.jobs)
+    _ray_address(args)
     cache_root()  # a cache that cannot be used is bad input too, found before any work
-    return AgentChoice(kind=agent, endpoint=args.endpoint, model=args.model,
-                       model_file=args.model_file, llama_server=args.llama_server,
-                       temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
-                       ctx_size=args.ctx_size)
+    return [AgentChoice(kind=agent, endpoint=args.endpoint, model=model,
+                        model_file=args.model_file, llama_server=args.llama_server,
+                        temperature=args.temperature, seed=args.seed,
+                        max_tokens=args.max_tokens, ctx_size=args.ctx_size) for model in models]
+
+
+def _server_slots(choices: list[AgentChoice]) -> int | None:
+    """An ``--endpoint`` server's parallel slots, if it says (llama-server's /props); else None."""
+    endpoint = next((c.endpoint for c in choices if c.kind is AgentKind.MODEL and c.endpoint), None)
+    if endpoint is None:
+        return None
+    with contextlib.suppress(requests.RequestException, ValueError, TypeError):
+        slots = requests.get(f"{endpoint.rstrip('/')}/props", timeout=3).json().get("total_slots")
+        if isinstance(slots, int) and slots > 0:
+            return slots
+    return None
+
+
+def _executor(args: argparse.Namespace, choices: list[AgentChoice]) -> Executor:
+    """The executor the flags ask for; ``--jobs auto`` sized here and said in one line."""
+    jobs = _jobs(args.jobs)
+    address = _ray_address(args) if hasattr(args, "executor") else None
+    if address is not None:
+        return RayExecutor(address, max_jobs=jobs if args.jobs is not None else None)
+    if jobs is None:
+        serving = [c for c in choices if c.kind is AgentKind.MODEL and not c.endpoint]
+        reserve = max((_model_mib(c) for c in serving), default=0)
+        jobs, why = auto_jobs(server_slots=_server_slots(choices), reserve_mib=reserve)
+        logging.getLogger("rootbench.bench").info("--jobs auto: %s", why)
+    return make_local(jobs)
+
+
+def _model_mib(choice: AgentChoice) -> int:
+    """What a llama-server of this model holds in memory, roughly: the GGUF file, plus room."""
+    size = (Path(choice.model_file).stat().st_size if choice.model_file
+            else MODELS[choice.model].size)
+    return size // (1 << 20) + 512
 
 
 def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | None) -> int:
-    choice = _choice(args)
-    opts = RunOptions(accel=args.accel, transport=args.transport, protocol=args.protocol,
-                      repeat=args.repeat, hints=args.hints, ladder=args.ladder,
+    choices = _choices(args)
+    arms = matrix(choices, args.protocol or ["auto"], args.hints or [0])
+    opts = RunOptions(accel=args.accel, transport=args.transport, protocol=arms[0].protocol,
+                      repeat=args.repeat, hints=arms[0].hints, ladder=args.ladder,
                       track_fix=args.track_fix)
-    run_dir = resume or new_run_dir(Path(args.runs_dir), choice.label())
+    label = choices[0].label() if len(arms) == 1 else "-".join(
+        dict.fromkeys(c.label() for c in choices)) + "-matrix"
+    run_dir = resume or new_run_dir(Path(args.runs_dir), label)
     logging.getLogger("rootbench.bench").info("run directory: %s", run_dir)
-    episodes = run_bench(scenarios, choice, opts, run_dir, resume=resume is not None,
-                         retry_infra=args.retry_infra,
-                         record_to=Path(args.record_to) if args.record_to else None,
-                         record_mode=RecordMode(args.record_mode))
+    with _executor(args, choices) as executor:
+        if executor.slots > 1:
+            logging.getLogger("rootbench.bench").info("%d episodes at once (%s)", executor.slots,
+                                                       args.executor)
+        episodes = run_bench(scenarios, choices[0], opts, run_dir, resume=resume is not None,
+                             retry_infra=args.retry_infra,
+                             record_to=Path(args.record_to) if args.record_to else None,
+                             record_mode=RecordMode(args.record_mode), arms=arms,
+                             executor=executor)
     _out(render_table(episodes, args.format, ladder=args.ladder))
     if args.format != "json" and (args.repeat > 1 or args.ladder):
         _out("")
@@ -337,13 +455,13 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
 
 def cmd_run(args: argparse.Namespace) -> int:
     args.retry_infra = 0  # `run` has no --retry-infra; one scenario, one try
-    _choice(args)  # flags first: a bad flag is reported before the spec is even read
+    _choices(args)  # flags first: a bad flag is reported before the spec is even read
     scenario = load_spec(args.spec)
     return _bench(args, [scenario], None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _choice(args)  # flags first
+    _choices(args)  # flags first
     resume = Path(args.resume) if args.resume else None
     if resume is not None:
         if not (resume / "run.json").is_file():
@@ -396,7 +514,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    _number(args.jobs, "--jobs", 1, 64)
+    jobs = _jobs(args.jobs)
     _number(args.repeat, "--repeat", 1, 20)
     scenarios = load_specs(_spec_paths(args.paths))
     run_dir = new_run_dir(Path("runs"), "verify")
@@ -406,17 +524,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     vlog = logging.getLogger("rootbench.verify")
 
-    def one(item: tuple[int, Scenario]) -> Verification:
-        i, s = item
-        vlog.info("%d/%d %s", i, len(scenarios), s.id)
-        v = verify_repeated(s, run_dir, args.repeat, accel=args.accel, transport=args.transport,
-                            record_to=record_to)
-        vlog.info("%s: %s (%.1fs)", s.id, "valid" if v.valid else "INVALID: " + "; ".join(v.problems),
-                  v.seconds)
-        return v
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, enumerate(scenarios, 1)))
+    if jobs is None:
+        jobs, why = auto_jobs()
+        vlog.info("--jobs auto: %s", why)
+    found: dict[int, Verification] = {}
+    # The bench's machinery: one scenario's checks per job, at most `jobs` at once (each in a
+    # child process of its own when there are several), results gathered here in order.
+    with signals_raise(), make_local(jobs) as pool, pool.cancelling():
+        for i, s in enumerate(scenarios):
+            check = functools.partial(verify_repeated, accel=args.accel,
+                                      transport=args.transport, record_to=record_to)
+            pool.submit(i, check, (s, run_dir, args.repeat),
+                        timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack))
+        while pool.busy:
+            done = pool.next_done(1.0)
+            if done is None:
+                continue
+            s = scenarios[int(done.key)]  # type: ignore[call-overload]
+            if done.error is not None and not isinstance(done.error, WorkerLost):
+                raise done.error
+            v = done.value if done.error is None else Verification(
+                s.id, problems=[f"infrastructure: {one_line(str(done.error))}"])
+            vlog.info("%d/%d %s: %s (%.1fs)", len(found) + 1, len(scenarios), s.id,
+                      "valid" if v.valid else "INVALID: " + "; ".join(v.problems), v.seconds)
+            found[int(done.key)] = v  # type: ignore[call-overload]
+    results = [found[i] for i in range(len(scenarios))]
     # The report: every noop cassette in the run directory and every oracle cassette.
     cassettes = dict.fromkeys(p.resolve() for p in [*sorted(run_dir.glob("*.jsonl")),
                               *(Path(v.cassette) for v in results if v.cassette)] if p.is_file())
@@ -435,7 +567,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace) -> int:
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
-                      model_name=args.model)
+                      model_name=args.model, scale=not args.no_scale)
     _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
     return 0
 
@@ -476,7 +608,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             _out("\n\n".join(f"{p}\n\n{t}" for p, t in tables))
         return 0
     dirs = [p for p in paths if p.is_dir()]
-    runs = [html_report.load_run_dir(p) for p in dirs]
+    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
     runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     if args.out:
         out = Path(args.out)

@@ -1,9 +1,16 @@
-"""One recorded episode in a fresh sandbox: the unit every bench, verify and live test is made of."""
+"""One recorded episode in a fresh sandbox: the unit every bench, verify and live test is made of.
+
+:class:`EpisodeJob` is one episode as data (picklable), so an executor can
+run it in this process, in a child process or on a Ray worker; :func:`run_job`
+runs it there.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +23,7 @@ from runner.core.episode import Episode, run_episode
 from runner.core.errors import InfraError
 from runner.core.model import Model
 from runner.core.outcomes import StopReason, Verdict
-from runner.core.protocol import Protocol
+from runner.core.protocol import Protocol, get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.spec import Scenario, scenario_to_dict
 from runner.core.text import one_line
@@ -90,3 +97,59 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
                            RecordingModel(model, writer), protocol, Clock(writer), writer,
                            vm_killed=box.killed_externally, round_=round_,
                            hint_level=hint_level, track_fix=opts.track_fix)
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode of a bench, as data an executor can ship to wherever it runs it.
+
+    ``cassette`` is where the driver keeps the cassette. With ``ship``, the
+    worker is on another machine: it records to a temporary file of its own
+    and returns the cassette's text, which the driver writes there.
+    """
+
+    scenario: Scenario
+    model: Model
+    protocol: str
+    reason: str  # why this protocol, for the cassette header
+    opts: RunOptions
+    cassette: Path
+    round: int = 0
+    hint_level: int = 0
+    arm: str | None = None  # the bench matrix cell (None in a bench of one)
+    ship: bool = False
+
+    def lost(self, why: str) -> Episode:
+        """The episode's result when its worker died or was stopped: infra-error, never a loss."""
+        return Episode(scenario=self.scenario.id, agent=self.model.agent, model=self.model.name,
+                       protocol=self.protocol, round=self.round, hint_level=self.hint_level,
+                       verdict=Verdict.INFRA_ERROR, stop=StopReason.INFRA_ERROR,
+                       reason=f"worker: {one_line(why)}", arm=self.arm)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a worker hands back: the episode and, when shipped, its cassette's text."""
+
+    episode: Episode
+    cassette_text: str | None = None
+
+
+def run_job(job: EpisodeJob) -> JobResult:
+    """Run ``job`` here (in the driver, a child process or a Ray worker) and time it."""
+    started = time.time()
+    protocol = get_protocol(job.protocol)
+    text = None
+    if job.ship:
+        with tempfile.TemporaryDirectory(prefix="rootbench-cassette-") as tmp:
+            local = Path(tmp) / job.cassette.name
+            ep = run_one(job.scenario, job.model, protocol, job.reason, job.opts, local,
+                         round_=job.round, hint_level=job.hint_level)
+            if local.is_file():
+                text = local.read_text(encoding="utf-8")
+    else:
+        ep = run_one(job.scenario, job.model, protocol, job.reason, job.opts, job.cassette,
+                     round_=job.round, hint_level=job.hint_level)
+    ep.cassette = str(job.cassette) if not job.ship or text is not None else None
+    ep.arm, ep.started, ep.ended = job.arm, round(started, 3), round(time.time(), 3)
+    return JobResult(ep, text)

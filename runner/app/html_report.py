@@ -394,10 +394,11 @@ def _episode_from_cassette(path: Path) -> Episode:
 
 def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> Path | None:
     name = f"{ep.get('scenario')}.r{_int(ep.get('round'))}.jsonl"
-    candidates = [run_dir / "cassettes" / name]
+    arm = ep.get("arm") if isinstance(ep.get("arm"), str) and "/" not in ep["arm"] else None
+    candidates = [run_dir / "cassettes" / name] if arm is None else []
     if isinstance(ep.get("cassette"), str):
         recorded = Path(ep["cassette"])
-        candidates += [recorded, run_dir / "cassettes" / recorded.name]
+        candidates += [recorded, run_dir / "cassettes" / (arm or "") / recorded.name]
     return next((c for c in candidates if c.is_file()), None)
 
 
@@ -417,6 +418,18 @@ def load_run_dir(run_dir: Path | str) -> Run:
         read = _episode_from_cassette(cassette)
         run.episodes.append(Episode(data, read.trajectory, read.problem))
     return run
+
+
+def load_run_arms(run_dir: Path | str) -> list[Run]:
+    """A run directory as runs to show side by side: itself, or one run per arm of a matrix
+    bench (model x protocol), each labelled ``<dir> · <arm>``, in the order the bench ran them."""
+    run = load_run_dir(run_dir)
+    arms = list(dict.fromkeys(text(ep.get("arm")) for ep in run.episodes if ep.get("arm")))
+    if not arms:
+        return [run]
+    return [Run(label=f"{run.label} · {arm}", source=run.source, info=run.info,
+                episodes=[ep for ep in run.episodes if text(ep.get("arm")) == arm])
+            for arm in arms]
 
 
 def runs_from_cassettes(paths: Iterable[Path | str]) -> list[Run]:
@@ -795,7 +808,7 @@ def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report")
 def write_run_report(run_dir: Path | str) -> Path:
     """``RUNDIR/report.html`` for a bench's run directory."""
     run_dir = Path(run_dir)
-    return write([load_run_dir(run_dir)], run_dir / REPORT_NAME, f"rootbench: {run_dir.name}")
+    return write(load_run_arms(run_dir), run_dir / REPORT_NAME, f"rootbench: {run_dir.name}")
 
 
 def write_cassette_report(cassettes: Sequence[Path | str], out: Path | str,

@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
+from runner.app.episodes import RunOptions
+from runner.app.executors import make_local
 from runner.app.replay import replay_one
 from runner.backends.images import ensure_image
 from runner.backends.llama import DEFAULT_MODEL, LlamaServer, ensure_llama_server, fetch_model
@@ -23,8 +27,10 @@ from runner.backends.sandbox import Sandbox
 from runner.core.cassette import find_cassettes
 from runner.core.errors import RootbenchError
 from runner.core.model import ChatRequest
+from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import repo_root
 from runner.core.protocol import BudgetLeft, JsonProtocol
+from runner.core.spec import load_specs, select
 
 log = logging.getLogger("rootbench.perf")
 IMAGE = "debian-12-nginx"
@@ -46,18 +52,39 @@ def _overlay_ms() -> float:
     return round(statistics.median(times), 1)
 
 
+def qemu_memory_mib(pid: int) -> dict[str, float]:
+    """A QEMU's resident memory (``rss``) and the part of it no other process shares
+    (``private``), in MiB, from /proc/<pid>/smaps_rollup."""
+    fields: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            fields[name] = int(rest.split()[0]) / 1024
+    return {"rss": round(fields.get("Rss", 0.0), 1),
+            "private": round(fields.get("Private_Clean", 0.0) + fields.get("Private_Dirty", 0.0), 1)}
+
+
 def _vm_figures(accel: str) -> dict[str, Any]:
     out: dict[str, Any] = {"overlay_create_ms": _overlay_ms()}
     log.info("cold boot (no snapshot)")
     with Sandbox(IMAGE, accel=accel, snapshot=False) as box:
         out["cold_boot_s"] = round(box.shell_s, 2)
         out["accel"] = box.info.accel
+        assert box.pid is not None
+        cold = qemu_memory_mib(box.pid)
+        out["qemu_rss_cold_mib"], out["qemu_private_cold_mib"] = cold["rss"], cold["private"]
     log.info("snapshot restores")
     ready = []
     rtt: list[float] = []  # every round trip of every sandbox, not only the last one's
-    for _ in range(3):
+    for i in range(3):
         with Sandbox(IMAGE, accel=accel) as box:
             ready.append(box.shell_s)
+            if i == 0 and box.pid is not None:
+                # Restored from the template: the guest's RAM is the template file, mapped
+                # private copy-on-write, so pages the guest never writes stay in the page cache,
+                # shared by every restored VM (counted in rss, not in private).
+                warm = qemu_memory_mib(box.pid)
+                out["qemu_rss_mib"], out["qemu_private_mib"] = warm["rss"], warm["private"]
             if not box.info.restored:
                 out["restore_note"] = "restore failed; cold boot used"
             for _ in range(20):
@@ -113,12 +140,43 @@ def measure_speed(model_name: str | None) -> dict[str, Any]:
             "cached_fraction": round(cached / total2, 3) if total2 else None}
 
 
+SCALE_SCENARIOS = ("permission-403", "nginx-stopped", "ssh-stopped", "cron-stopped")
+
+
+def _scale_figures(accel: str) -> dict[str, Any]:
+    """Episodes per hour with the oracle at ``--jobs 1`` and ``--jobs 2``, in one run.
+
+    The same four quick scenarios, recorded into throw-away run directories;
+    the ratio (``jobs2_speedup``) is the figure, the absolute rates depend on
+    the machine and on whatever else it runs.
+    """
+    scenarios = select(load_specs([repo_root() / "specs"]), list(SCALE_SCENARIOS))
+    choice = AgentChoice(kind=AgentKind.ORACLE)
+    opts = RunOptions(accel=accel)
+    out: dict[str, Any] = {"scale_episodes": len(scenarios)}
+    with tempfile.TemporaryDirectory(prefix="rootbench-perf-") as tmp:
+        for jobs in (1, 2):
+            log.info("oracle bench of %d scenarios at --jobs %d", len(scenarios), jobs)
+            t0 = time.monotonic()
+            with make_local(jobs) as executor:
+                eps = run_bench(scenarios, choice, opts, Path(tmp) / f"jobs{jobs}",
+                                executor=executor)
+            wall = time.monotonic() - t0
+            out[f"jobs{jobs}_wall_s"] = round(wall, 1)
+            out[f"jobs{jobs}_episodes_per_hour"] = round(len(eps) * 3600 / wall, 1)
+            out[f"jobs{jobs}_passes"] = sum(e.verdict is Verdict.PASS for e in eps)
+    out["jobs2_speedup"] = round(out["jobs1_wall_s"] / out["jobs2_wall_s"], 2)
+    return out
+
+
 def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
-            model_name: str | None = None) -> dict[str, Any]:
+            model_name: str | None = None, scale: bool = True) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     figures.update(_replay_figures())
     if vm:
         figures.update(_vm_figures(accel))
+        if scale:
+            figures.update(_scale_figures(accel))
     if model:
         try:
             figures.update(measure_speed(model_name))

@@ -85,10 +85,14 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
                            "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
     extra, cells = _graded(episodes, ladder)
-    table = tabulate([_row(ep) + more for ep, more in zip(episodes, cells, strict=True)],
-                     headers=HEADERS + extra, tablefmt=tablefmt,
+    # A matrix bench (episodes of several arms) leads with the model and protocol of each row.
+    lead = ["model", "protocol"] if any(ep.arm for ep in episodes) else []
+    rows = [([clean_text(ep.model), clean_text(ep.protocol)] if lead else []) + _row(ep) + more
+            for ep, more in zip(episodes, cells, strict=True)]
+    first = len(lead) + len(HEADERS)
+    table = tabulate(rows, headers=lead + HEADERS + extra, tablefmt=tablefmt,
                      # the graded cells are formatted already ("1.00" must not become 1)
-                     disable_numparse=list(range(len(HEADERS), len(HEADERS) + len(extra))))
+                     disable_numparse=list(range(first, first + len(extra))))
     lines = [table, "", summary_line(episodes)]
     tps = [(ep.prompt_tps, ep.gen_tps) for ep in episodes if ep.prompt_tps and ep.gen_tps]
     if tps:

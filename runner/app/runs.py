@@ -7,6 +7,7 @@ A run directory::
       results.json      every finished episode, rewritten atomically after each one
       results.xml       the same as JUnit XML
       cassettes/<scenario>.r<round>.jsonl
+      cassettes/<arm>/<scenario>.r<round>.jsonl   (a matrix bench: one folder per model-protocol)
       logs/llama-server.log
 
 Files are written atomically (temp file, fsync, rename): a crash never
@@ -86,9 +87,13 @@ def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Ep
     interval, pass@k, mean score with its bootstrap interval; the structure is
     documented at :meth:`runner.app.stats.Statistics.to_dict`) and ``episodes``.
     """
-    data = {"run": run_info, "summary": summary_counts(episodes),
-            "statistics": summarize(episodes).to_dict(),
-            "episodes": [ep.to_dict() for ep in episodes]}
+    data: dict[str, Any] = {"run": run_info, "summary": summary_counts(episodes),
+                            "statistics": summarize(episodes).to_dict()}
+    arms = list(dict.fromkeys(ep.arm for ep in episodes if ep.arm))
+    if arms:  # a matrix bench: the statistics of each arm too (the overall ones mix them)
+        data["statistics_by_arm"] = {a: summarize([ep for ep in episodes if ep.arm == a]).to_dict()
+                                     for a in arms}
+    data["episodes"] = [ep.to_dict() for ep in episodes]
     atomic_write(run_dir / "results.json", json.dumps(data, indent=2, default=str) + "\n")
     atomic_write(run_dir / "results.xml", junit_xml(episodes) + "\n")
 

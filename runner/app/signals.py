@@ -17,9 +17,17 @@ class Interrupted(Exception):
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted`."""
+def signals_raise(*, once: bool = False) -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted`.
+
+    With ``once``, only the first one does and later ones are ignored: an
+    episode worker of ``--jobs N`` gets Ctrl-C from the terminal and then
+    SIGTERM from the pool, and the second must not cut its VM's teardown short.
+    """
     def handler(signum: int, _frame: FrameType | None) -> None:
+        if once:
+            for s in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(s, signal.SIG_IGN)
         raise Interrupted(143 if signum == signal.SIGTERM else 130)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -212,16 +212,24 @@ def fetch_model(name: str, find_links: str | None = None) -> Path:
 # --- the server process --------------------------------------------------------------------------
 
 class LlamaServer:
-    """One llama-server on loopback, one slot, fixed seed; stopped whatever happens."""
+    """One llama-server on loopback, fixed seed, ``parallel`` slots; stopped whatever happens.
+
+    With ``parallel`` N (a bench's ``--jobs N``) the server's context is N
+    times ``ctx_size``: llama-server splits its context between its slots, so
+    each episode still gets the ``--ctx-size`` it asked for.
+    """
 
     def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = DEFAULT_CTX_SIZE,
-                 seed: int = 0, threads: int | None = None) -> None:
+                 seed: int = 0, threads: int | None = None, parallel: int = 1) -> None:
         self.binary = Path(binary)
         self.model_path = Path(model_path)
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
         self.threads = threads or 2  # the machine has 2 cores; more threads only contend
+        if parallel < 1:
+            raise ValueError(f"parallel must be at least 1, not {parallel}")
+        self.parallel = parallel
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
@@ -242,8 +250,9 @@ class LlamaServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         cmd = [str(self.binary), "-m", str(self.model_path), "--host", "127.0.0.1",
-               "--port", str(self.port), "--jinja", "--parallel", "1", "--seed", str(self.seed),
-               "-c", str(self.ctx_size), "-t", str(self.threads), "--no-webui"]
+               "--port", str(self.port), "--jinja", "--parallel", str(self.parallel),
+               "--seed", str(self.seed), "-c", str(self.ctx_size * self.parallel),
+               "-t", str(self.threads), "--no-webui"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=_server_env(self.binary),
                                      preexec_fn=die_with_parent)

@@ -8,6 +8,7 @@ requests ``choose_protocol`` reads). The API key is sent, never recorded.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -60,6 +61,18 @@ class OpenAIModel(Model):
         self._props: dict[str, Any] | None = None
         self._json_ok: bool | None = None
         self._native: bool | None = None
+
+    def clone(self, *, seed: int | None = None, endpoint: str | None = None) -> OpenAIModel:
+        """This model for one more episode: its own HTTP session (episodes may run at once, in
+        threads or other processes), its own seed, the capability answers already learnt."""
+        twin = copy.copy(self)
+        twin._session = requests.Session()
+        twin._extra = dict(self._extra)
+        if seed is not None:
+            twin.seed = seed
+        if endpoint is not None:
+            twin.endpoint = endpoint.rstrip("/")
+        return twin
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

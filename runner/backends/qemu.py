@@ -102,6 +102,24 @@ class Qemu:
         self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
+        try:
+            self._launch(image, disk, accel, workdir, ram, incoming)
+        except BaseException:
+            # Interrupted (Ctrl-C) before QEMU ran: the socket directory must not be left behind.
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+            raise
+        try:
+            self.qmp = self._connect_qmp(10.0)
+        except BaseException:
+            # QEMU died at start (a KVM that cannot run) or never answered: nothing may leak.
+            end_process(self.proc, grace=1)
+            self._log.close()
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+            raise
+
+    def _launch(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
+                ram: tuple[Path, bool] | None, incoming: bool) -> None:
+        """Start QEMU with its sockets in ``self.sock_dir``."""
         os.chmod(self.sock_dir, 0o700)
         self.qmp_path = self.sock_dir / "qmp.sock"
         self.console_path = self.sock_dir / "console.sock"
@@ -130,15 +148,11 @@ class Qemu:
         self.argv = cmd
         self.started = time.monotonic()
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         try:
-            self.qmp = self._connect_qmp(10.0)
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         except BaseException:
-            # QEMU died at start (a KVM that cannot run) or never answered: nothing may leak.
-            end_process(self.proc, grace=1)
             self._log.close()
-            shutil.rmtree(self.sock_dir, ignore_errors=True)
             raise
 
     def _connect_qmp(self, timeout: float) -> QEMUMonitorProtocol:

@@ -83,6 +83,13 @@ class Episode:
     milestone_fraction: float | None = None  # None: the scenario has none, or the run is not scored
     fixed_at: dict[str, Any] | None = None  # {"turn", "seconds"}: probes first all passed
     regressed: bool | None = None  # fixed, then broken again; None: fix tracking was off
+    # The bench matrix cell (``<model>-<protocol>`` as asked) when a bench runs several models
+    # or protocols; None in a bench of one, whose results look as they always did.
+    arm: str | None = None
+    # Wall-clock (epoch seconds) when the episode's worker began and ended it; None when unknown
+    # (older results, a replayed recording). With --jobs N they show which episodes overlapped.
+    started: float | None = None
+    ended: float | None = None
 
     def __post_init__(self) -> None:
         # Results files and cassettes hold plain strings; read them back as the vocabulary.

@@ -79,6 +79,9 @@ class Model(abc.ABC):
         """Release whatever the backend holds."""
 
 
+SPOKEN = ("tools", "json", "text")  # the protocols a scripted agent can answer in
+
+
 def _tool_call(index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"call_{index}",
@@ -88,14 +91,22 @@ def _tool_call(index: int, name: str, arguments: dict[str, Any]) -> dict[str, An
 
 
 class ScriptedModel(Model):
-    """Answers with fixed tool calls, one per turn, then ``finish``.
+    """Answers with fixed commands, one per turn, then ``finish``, in the protocol it speaks.
 
     The oracle agent (a scenario's ``solution``) and the noop agent (no
     commands at all) are both this, so ``verify`` exercises the real loop.
+    ``speaks`` is the action protocol's name: ``tools`` (native tool calls,
+    the default), ``json`` (a JSON action object) or ``text`` (a fenced bash
+    block, then a ``DONE:`` line); so a bench over several protocols with the
+    oracle exercises each protocol's parser, not only the tools one.
     """
 
-    def __init__(self, agent: AgentKind, commands: list[str], summary: str) -> None:
+    def __init__(self, agent: AgentKind, commands: list[str], summary: str,
+                 speaks: str = "tools") -> None:
+        if speaks not in SPOKEN:
+            raise ValueError(f"a scripted agent speaks {', '.join(SPOKEN)}, not {speaks!r}")
         self.agent = agent
+        self.speaks = speaks
         self.name = agent.value
         self._commands = list(commands)
         self._summary = summary
@@ -104,22 +115,31 @@ class ScriptedModel(Model):
     def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
         turn = self._turn
         self._turn += 1
-        if turn < len(self._commands):
-            call = _tool_call(turn, "run_command", {"command": self._commands[turn]})
+        command = self._commands[turn] if turn < len(self._commands) else None
+        message: dict[str, Any]
+        if self.speaks == "tools":
+            call = (_tool_call(turn, "run_command", {"command": command}) if command is not None
+                    else _tool_call(turn, "finish", {"summary": self._summary}))
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        elif self.speaks == "json":
+            action = ({"thought": "the next step of the script", "command": command}
+                      if command is not None else {"thought": "done", "finish": self._summary})
+            message = {"role": "assistant", "content": json.dumps(action)}
         else:
-            call = _tool_call(turn, "finish", {"summary": self._summary})
-        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            message = {"role": "assistant",
+                       "content": f"```bash\n{command}\n```" if command is not None
+                       else f"DONE: {self._summary}"}
         return ModelReply(message=message, raw={"choices": [{"message": message}]})
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.agent.value, "name": self.name, "commands": len(self._commands)}
 
 
-def oracle(solution: list[str]) -> ScriptedModel:
+def oracle(solution: list[str], speaks: str = "tools") -> ScriptedModel:
     """The reference fix as an agent."""
-    return ScriptedModel(AgentKind.ORACLE, solution, "applied the reference solution")
+    return ScriptedModel(AgentKind.ORACLE, solution, "applied the reference solution", speaks)
 
 
-def noop() -> ScriptedModel:
+def noop(speaks: str = "tools") -> ScriptedModel:
     """An agent that does nothing: a valid scenario must fail it."""
-    return ScriptedModel(AgentKind.NOOP, [], "did nothing")
+    return ScriptedModel(AgentKind.NOOP, [], "did nothing", speaks)

@@ -1,0 +1,177 @@
+"""The executors without a VM: real child processes, real exits, real deadlines; bad scale flags.
+
+Jobs here are standard-library functions (a child process imports them by
+name), so every case runs the real ``python -m runner.app.executors`` child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.app.agents import AgentChoice
+from runner.app.bench import matrix
+from runner.app.executors import (
+    InProcess,
+    ProcessPool,
+    WorkerLost,
+    auto_jobs,
+    host_cores,
+)
+from runner.core.outcomes import AgentKind
+from runner.core.paths import repo_root
+
+ORACLE = repo_root() / "recordings" / "oracle"
+
+
+def _all(pool: ProcessPool | InProcess, deadline: float = 60) -> dict[object, object]:
+    """Every job's value (or error) by key, waiting at most ``deadline`` seconds."""
+    out: dict[object, object] = {}
+    end = time.monotonic() + deadline
+    while pool.busy and time.monotonic() < end:
+        done = pool.next_done(1.0)
+        if done is not None:
+            out[done.key] = done.error if done.error is not None else done.value
+    assert not pool.busy, "jobs still running at the deadline"
+    return out
+
+
+def test_a_pool_runs_each_job_in_a_child_of_its_own_at_most_slots_at_once() -> None:
+    with ProcessPool(2) as pool:
+        for i in range(3):
+            pool.submit(i, os.getpid, (), timeout=60)
+        assert pool.busy == 3 and not pool.free()
+        pids = _all(pool)
+    assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+
+
+def test_a_job_that_raises_comes_back_as_its_exception() -> None:
+    with ProcessPool(2) as pool:
+        pool.submit("bad", int, ("not a number",), timeout=60)
+        pool.submit("good", int, ("42",), timeout=60)
+        out = _all(pool)
+    assert out["good"] == 42
+    assert isinstance(out["bad"], ValueError) and "not a number" in str(out["bad"])
+
+
+def test_a_worker_that_dies_or_overruns_is_lost_not_a_crash() -> None:
+    with ProcessPool(2) as pool:
+        pool.submit("dies", os.abort, (), timeout=60)  # SIGABRT: no result ever written
+        pool.submit("hangs", time.sleep, (600,), timeout=1)
+        out = _all(pool, deadline=120)
+    assert isinstance(out["dies"], WorkerLost) and "signal 6" in str(out["dies"])
+    assert isinstance(out["hangs"], WorkerLost) and "did not end within 1s" in str(out["hangs"])
+
+
+def test_in_process_runs_the_job_in_the_driver() -> None:
+    pool = InProcess()
+    pool.submit("me", os.getpid, (), timeout=60)
+    assert _all(pool) == {"me": os.getpid()}
+
+
+def test_auto_jobs_says_what_limited_it() -> None:
+    jobs, why = auto_jobs()
+    assert 1 <= jobs <= host_cores() and why.startswith(f"{jobs} (") and "limited by" in why
+    assert auto_jobs(server_slots=1) == (1, auto_jobs(server_slots=1)[1])
+    assert "limited by" in auto_jobs(reserve_mib=1 << 30)[1]  # no memory left: still one
+    assert auto_jobs(reserve_mib=1 << 30)[0] == 1
+
+
+def test_matrix_labels_arms_only_when_there_are_several() -> None:
+    a, b = AgentChoice(model="qwen2.5-coder-0.5b"), AgentChoice(model="qwen2.5-coder-1.5b")
+    [one] = matrix([a], ["json"], [0])
+    assert one.label is None and one.protocol == "json"
+    arms = matrix([a, b], ["json", "text", "json"], [0])
+    assert [x.label for x in arms] == ["qwen2.5-coder-0.5b-json", "qwen2.5-coder-0.5b-text",
+                                       "qwen2.5-coder-1.5b-json", "qwen2.5-coder-1.5b-text"]
+    assert [x.label for x in matrix([AgentChoice(kind=AgentKind.ORACLE)], ["json"], [0, 2])] == [
+        "oracle-json-h0", "oracle-json-h2"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          timeout=180, cwd=repo_root(), env=env)
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--jobs", "0"], "--jobs"), (["--jobs", "abc"], "--jobs"), (["--jobs", "65"], "--jobs"),
+    (["--executor", "ray"], "--ray-address"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "--ray-address"),
+    (["--executor", "ray", "--ray-address", "ray://x:1"], "--ray-address"),
+    (["--ray-address", "127.0.0.1:1"], "--ray-address"),
+])
+def test_bad_scale_flags_are_one_line_exit_2_before_any_vm(tmp_path: Path, argv: list[str],
+                                                          flag: str) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    r = _cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir",
+             str(tmp_path / "runs"), *argv, env=env)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("rootbench: ") and flag in line and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("rb-*"))
+
+
+def test_verify_refuses_a_bad_jobs_value() -> None:
+    r = _cli("verify", "--jobs", "none", "specs/rogue-port-80.yaml")
+    assert r.returncode == 2 and "--jobs" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_executor_ray_without_ray_installed_is_one_line(tmp_path: Path) -> None:
+    # ray blocked from import in this interpreter: what a plain `pip install rootbench` has
+    code = ("import sys; sys.modules['ray'] = None; from runner.app.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "bench", "--agent", "oracle", "--executor",
+                        "ray", "--ray-address", "127.0.0.1:1", "--runs-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=repo_root())
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("rootbench: --executor: Ray is not installed: "
+                                "pip install 'rootbench[ray]'")
+
+
+def test_jobs_auto_says_what_it_chose_and_replays_in_the_driver(tmp_path: Path) -> None:
+    r = _cli("bench", "--agent", "oracle", "--jobs", "auto", "--only", "rogue-port-80",
+             "permission-403", "--record-to", str(ORACLE), "--record-mode", "once",
+             "--runs-dir", str(tmp_path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if "--jobs auto: " in ln]
+    assert "cores" in line and "limited by" in line
+    doc = json.loads(r.stdout)
+    assert [(e["scenario"], e["verdict"]) for e in doc["episodes"]] == [
+        ("rogue-port-80", "pass"), ("permission-403", "pass")]
+
+
+def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
+    from runner.app.bench import run_bench
+    from runner.app.episodes import RunOptions
+    from runner.core.cassette import RecordMode
+    from runner.core.errors import InvalidInput
+    from runner.core.spec import load_specs, select
+
+    [s] = select(load_specs([repo_root() / "specs"]), ["rogue-port-80"])
+    oracle = AgentChoice(kind=AgentKind.ORACLE)
+    record = tmp_path / "rec"
+    for arm in ("oracle-tools-h0", "oracle-tools-h1", "oracle-tools", "oracle-json"):
+        # the committed oracle cassette (protocol tools) under each arm's folder: nothing runs live
+        (record / arm).mkdir(parents=True)
+        (record / arm / "rogue-port-80.jsonl").write_bytes((ORACLE / "rogue-port-80.jsonl").read_bytes())
+    run = tmp_path / "run"
+    arms = matrix([oracle], ["tools"], [0, 1])  # rogue-port-80 has no hints: both at level 0
+    eps = run_bench([s], oracle, RunOptions(), run, arms=arms, record_to=record,
+                    record_mode=RecordMode.ONCE)
+    assert [(e.arm, e.verdict.value) for e in eps] == [("oracle-tools-h0", "pass"),
+                                                       ("oracle-tools-h1", "pass")]
+    with pytest.raises(InvalidInput, match="resume it with the same"):
+        run_bench([s], oracle, RunOptions(), run, resume=True)
+    again = run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
+    assert [e.arm for e in again] == ["oracle-tools-h0", "oracle-tools-h1"]
+    # a recorded cassette of another protocol is refused, never passed off as this arm's
+    with pytest.raises(InvalidInput, match="speaks protocol tools, this run asks for json"):
+        run_bench([s], oracle, RunOptions(), tmp_path / "json",
+                  arms=matrix([oracle], ["tools", "json"], [0]), record_to=record,
+                  record_mode=RecordMode.ONCE)

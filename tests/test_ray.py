@@ -1,0 +1,170 @@
+"""--executor ray against a real local Ray cluster on this machine, on real VMs.
+
+The fixture starts a Ray head (``ray.init`` with a ``vm`` resource of 2, in
+its own temp directory and its own process group) in a subprocess, hands its
+address to the bench, and stops it at the end. Workers inherit the head's
+TMPDIR, so their VMs' sockets and overlays live where the test can look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runner.core.paths import repo_root
+
+pytestmark = pytest.mark.vm
+PUBLISHED = ["rogue-port-80", "permission-403", "nginx-config-syntax"]
+HEAD = """
+import sys, ray
+ctx = ray.init(num_cpus=2, resources={"vm": 2}, _temp_dir=sys.argv[1], include_dashboard=False,
+               logging_level="WARNING")
+print(ctx.address_info["gcs_address"], flush=True)
+sys.stdin.read()  # until the test closes it
+ray.shutdown()
+"""
+
+
+@dataclass
+class Cluster:
+    address: str
+    tmp: Path  # the workers' TMPDIR
+
+
+@pytest.fixture
+def ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    # Ray's socket paths must fit in 107 bytes: a short folder of our own under /tmp.
+    temp = Path(tempfile.mkdtemp(prefix="rbray-", dir="/tmp"))
+    work = tmp_path / "worker-tmp"
+    work.mkdir()
+    # Token authentication (Ray's default for local clusters since 2.59), with a token made for
+    # this cluster: the head and every bench the test starts share it through the environment.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    log = (tmp_path / "head.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", HEAD, str(temp)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log, text=True, cwd=repo_root(),
+                            env={**os.environ, "TMPDIR": str(work)}, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready, "the Ray head did not start within 300 s"
+        address = proc.stdout.readline().strip()
+        assert address, (tmp_path / "head.log").read_text()[-2000:]
+        yield Cluster(address, work)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+        time.sleep(2)
+        left = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True,
+                              timeout=10).stdout.split()
+        for pid in left:  # only the processes of this cluster (they name its temp dir)
+            os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"Ray processes outlived ray.shutdown(): {left}"
+
+
+def _bench(*args: str, runs: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
+                           "--runs-dir", str(runs), "--format", "json", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=repo_root())
+
+
+def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
+        ray_cluster: Cluster, tmp_path: Path) -> None:
+    local = _bench("--only", *PUBLISHED, runs=tmp_path / "local")
+    assert local.returncode == 0, local.stderr[-2000:]
+    ray = _bench("--executor", "ray", "--ray-address", ray_cluster.address, "--only", *PUBLISHED,
+                 runs=tmp_path / "ray")
+    assert ray.returncode == 0, ray.stderr[-3000:]
+    verdicts = [[(e["scenario"], e["verdict"], e["score"]) for e in json.loads(r.stdout)["episodes"]]
+                for r in (local, ray)]
+    assert verdicts[0] == verdicts[1] == [(s, "pass", 1.0) for s in PUBLISHED]
+    assert "2 vm unit(s) on 1 node(s)" in ray.stderr
+    [run_dir] = (tmp_path / "ray").iterdir()  # one run directory, written by the driver
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["run"]["jobs"] == 2
+    for e in data["episodes"]:  # each cassette came back from its worker into the run directory
+        assert Path(e["cassette"]).parent == run_dir / "cassettes" and Path(e["cassette"]).is_file()
+    rep = subprocess.run([sys.executable, "-m", "runner", "replay", "--offline",
+                          str(run_dir / "cassettes")], capture_output=True, text=True,
+                         timeout=300, cwd=repo_root())
+    assert rep.returncode == 0 and "3/3 replayed verdicts equal" in rep.stdout, rep.stdout
+    # the workers left no VM running and no socket directory behind
+    assert not subprocess.run(["pgrep", "-f", str(ray_cluster.tmp)], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+    assert not list(ray_cluster.tmp.glob("rb-*")) and not list(
+        ray_cluster.tmp.glob("rootbench-vm-*"))
+
+
+def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
+        ray_cluster: Cluster, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
+                             "--executor", "ray", "--ray-address", ray_cluster.address,
+                             "--jobs", "1", "--runs-dir", str(runs), "--format", "json",
+                             "--only", "rogue-port-80", "permission-403"],
+                            cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # The first episode's QEMU runs under its Ray worker: kill that worker (SIGKILL) mid-episode.
+    victim = None
+    deadline = time.monotonic() + 600
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
+        qemu = subprocess.run(["pgrep", "-f", f"qemu-system.*{ray_cluster.tmp}"],
+                              capture_output=True, text=True, timeout=10).stdout.split()
+        if qemu:
+            victim = int(Path(f"/proc/{qemu[0]}/stat").read_text().split(")")[1].split()[1])
+        else:
+            time.sleep(0.2)
+    assert victim is not None, "no episode started on the cluster"
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 1, err[-2000:]  # a bench with an infra-error exits 1
+    eps = json.loads(out)["episodes"]
+    assert [(e["scenario"], e["verdict"]) for e in eps] == [
+        ("rogue-port-80", "infra-error"), ("permission-403", "pass")]
+    assert "Ray worker was lost" in eps[0]["reason"]
+    time.sleep(2)  # the killed worker's QEMU dies with it (PR_SET_PDEATHSIG)
+    assert not subprocess.run(["pgrep", "-f", f"qemu-system.*{ray_cluster.tmp}"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+@pytest.mark.model
+def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback(
+        ray_cluster: Cluster, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--executor", "ray",
+                        "--ray-address", ray_cluster.address, "--model", "qwen2.5-coder-0.5b",
+                        "--protocol", "json", "--max-tokens", "96", "--only", "nginx-stopped",
+                        "--runs-dir", str(tmp_path / "runs"), "--format", "json"],
+                       capture_output=True, text=True, timeout=1800, cwd=repo_root())
+    assert r.returncode == 0, r.stderr[-3000:]
+    [ep] = json.loads(r.stdout)["episodes"]
+    assert ep["verdict"] in ("pass", "fail") and ep["turns"] >= 1 and ep["tokens_in"] > 0, ep
+    header = json.loads(Path(ep["cassette"]).read_text().splitlines()[0])
+    assert header["model"]["named_model"] == "qwen2.5-coder-0.5b"
+    assert header["model"]["total_slots"] == 2  # the node's two vm units
+    # The node's server listened on its loopback only, and is gone with the bench.
+    [folder] = ray_cluster.tmp.glob("rootbench-llama-*")
+    assert "127.0.0.1" in (folder / "llama-server.log").read_text()
+    pid = int((folder / "llama-server.pid").read_text())
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    assert not cmdline.exists() or b"llama-server" not in cmdline.read_bytes()
