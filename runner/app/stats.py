@@ -436,7 +436,11 @@ class Comparison:
             more = "cannot estimate how many more paired runs would show one (no difference observed)"
         else:
             more = f"roughly {self.more_pairs} more paired runs might show one"
-        return f"no difference shown with this many runs ({self.pairs} pairs); {more}"
+        why = ""
+        if self.score_diff_ci.excludes_zero():  # the interval alone would say otherwise: say why not
+            why = (f" (the score interval excludes 0, but the exact sign test does not reject "
+                   f"at this level: p = {self.sign_p:.3g})")
+        return f"no difference shown with this many runs ({self.pairs} pairs){why}; {more}"
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as ``compare --format json`` prints it."""
