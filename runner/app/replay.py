@@ -119,8 +119,11 @@ def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) 
     if "fixed_at" in recorded:
         was, now = recorded["fixed_at"], ep.fixed_at
         keys = ("turn", "seconds") if offline else ("turn",)
-        if (was is None) != (now is None) or (was is not None and now is not None and any(
-                was.get(k) != now.get(k) for k in keys)):
+
+        def compared(fix: dict[str, Any] | None) -> dict[str, Any] | None:
+            return None if fix is None else {k: fix.get(k) for k in keys}
+
+        if compared(was) != compared(now):
             return f"fixed_at: recorded {was!r}, replayed {now!r}"
     return None
 

@@ -291,7 +291,8 @@ class Statistics:
         behind it is null. ``scored``, ``passes``, pass@k and the mean score
         count first tries (a ladder round's level-0 run, see
         :func:`first_tries`); ``solved`` counts rounds that passed at any
-        level, and ``mean_assist`` is the mean lowest passing level over those. Overall pass@1 and mean score pool every scored run;
+        level, and ``mean_assist`` is the mean lowest passing level over
+        those. Overall pass@1 and mean score pool every scored first try;
         overall pass@k is the mean over scenarios (k up to the fewest scored
         runs any scenario has), as in the Codex paper.
         """
@@ -302,17 +303,17 @@ class Statistics:
 
 def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: float,
              overall_k: dict[int, float] | None = None) -> Summary:
-    scored = first_tries(episodes)
+    every_scored = [e for e in episodes if e.verdict.scored]  # every hint level
+    scored = first_tries(every_scored)
     passes = sum(e.verdict is Verdict.PASS for e in scored)
     n = len(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
-    hinted = any(assist_of(e) for e in episodes if e.verdict.scored)
-    helped = [float(lv) for lv in assists([e for e in episodes if e.verdict.scored]).values()
+    hinted = any(assist_of(e) for e in every_scored)
+    helped = [float(lv) for lv in assists(every_scored).values()
               if lv is not None] if hinted else []
-    found = [f for f in (_number(getattr(e, "milestone_fraction", None)) for e in scored)
-             if f is not None]
-    fix_s = [s for s in (_number((getattr(e, "fixed_at", None) or {}).get("seconds"))
-                         for e in episodes if e.verdict.scored) if s is not None]
+    found = [f for f in (_number(e.milestone_fraction) for e in scored) if f is not None]
+    fix_s = [s for s in (_number((e.fixed_at or {}).get("seconds")) for e in every_scored)
+             if s is not None]
     by_k = overall_k if overall_k is not None else {
         k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
     return Summary(
