@@ -1,113 +1,206 @@
-"""The command framing, without a VM: what the wrapper types and how a frame is read back.
+"""The command channel without a VM: the request lines, the frame, and the guest helper run here.
 
-The quoting is checked against a real bash (the same shell the guest runs):
-whatever the text, bash must get back exactly its bytes, and the typed line
-must hold nothing a terminal or the shell's history expansion would act on.
+The helper (:mod:`runner.backends.guestd`) is plain Python that runs the
+same way on this host as in the guest: started the way the guests start it
+(its text on stdin), over pipes, with its working directory pointed at a
+temp dir. So every framing guarantee is checked here in milliseconds, and
+again on real VMs by the conformance suite.
 """
 
 from __future__ import annotations
 
 import base64
-import shlex
+import os
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.backends.framing import CHUNK_BYTES, framed_lines, parse_frame, quote_bytes
+from runner.backends.framing import (
+    B64_CHUNK,
+    helper_command,
+    helper_source,
+    parse_frame,
+    ping,
+    request_text,
+)
+from runner.core.guest import CommandResult
 
-TEXT = st.text(st.characters(codec="utf-8"), max_size=300) | st.sampled_from(
-    ["it's", "!!", "!$ ^a^b", "a\\nb", "\\", "'\"'", "$HOME `id` $(id)", "\x03\x04\x1b[2J", "\t\n\r"])
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=300) | st.sampled_from(
+    ["it's", "!!", "!$ ^a^b", "a\\nb", "\\", "'\"'", "$HOME `id` $(id)", "\x03\x04\x1b[2J", "\t\n\r", "#RBP x"])
 
 
-@settings(max_examples=300, deadline=None)
-@given(TEXT)
-def test_a_quoted_command_reaches_bash_byte_for_byte(text: str) -> None:
-    data = text.encode("utf-8", errors="surrogateescape")
-    quoted = quote_bytes(data)
-    assert all(0x20 <= ord(c) < 0x7F for c in quoted)
-    inner = quoted[2:-1]
-    assert "'" not in inner.replace("\\x27", "") and "!" not in inner
-    out = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"printf %s {quoted}"],
-                         capture_output=True, timeout=10).stdout
-    assert out == data.replace(b"\0", b"")
+class LocalHelper:
+    """The guest helper, started here as the SSH guest starts it (program text first on stdin)."""
+
+    def __init__(self, rb: Path) -> None:
+        src = helper_source()
+        bootstrap = helper_command().split("-c ", 1)[1].strip("'")
+        self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.stdin.write(src + ping("ready").encode())
+        self.stdin.flush()
+        assert self.stdout.readline() == b"RBSYNCready\n"
+        self.n = 0
+
+    def run(self, command: str, timeout: float = 10, clean: bool = False, cap: int = 1000) -> CommandResult:
+        self.n += 1
+        sentinel = f"s{self.n}"
+        t0 = time.monotonic()
+        self.stdin.write(request_text(command, timeout, cap, sentinel, clean).encode())
+        self.stdin.flush()
+        r = parse_frame(self.stdout.readline(), sentinel, time.monotonic() - t0, cap)
+        assert r is not None
+        return r
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def helper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalHelper]:
+    h = LocalHelper(tmp_path_factory.mktemp("rb"))
+    yield h
+    h.close()
+
+
+def test_the_helper_travels_safely_through_a_terminal() -> None:
+    """Sent to a console shell as typed text: short lines of printable ASCII, nothing a tty acts on."""
+    src = helper_source()
+    assert src.endswith(b"\n")
+    assert all(len(line) < 4000 for line in src.split(b"\n"))
+    assert all(0x20 <= b < 0x7F or b == 0x0A for b in src)
+    assert len(helper_command()) < 200 and "'" not in helper_command().split("-c ", 1)[1].strip("'")
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXT, st.booleans())
+def test_a_request_is_short_lines_of_plain_ascii_holding_the_exact_bytes(text: str, clean: bool) -> None:
+    lines = request_text(text * 40, 10, 100, "abc", clean).splitlines()
+    head, chunks = lines[0].split(), lines[1:]
+    assert head == ["#RBQ", "abc", "c" if clean else "a", "10", "100", str(len(chunks))]
+    assert all(line.startswith("#RBD ") and len(line) <= B64_CHUNK + 5 for line in chunks)
+    assert all(0x20 <= ord(c) < 0x7F for line in lines for c in line)
+    sent = base64.b64decode("".join(line[5:] for line in chunks))
+    assert sent == (text * 40).encode("utf-8", errors="surrogateescape")
+
+
+@settings(max_examples=40, deadline=None)
+@given(TEXT.filter(lambda t: "RBEOF" not in t))
+def test_any_text_reaches_the_shell_byte_for_byte(helper: LocalHelper, text: str) -> None:
+    r = helper.run(f"cat <<'RBEOF'\n{text}\nRBEOF", clean=True, cap=5000)
+    assert r.exit_code == 0 and r.output == f"{text}\n"
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.binary(max_size=600), st.integers(1, 500), st.integers(0, 255), st.booleans())
-def test_a_frame_says_whether_the_output_was_cut(body: bytes, cap: int, rc: int, fired: bool) -> None:
+@given(st.binary(max_size=600), st.integers(1, 500), st.integers(0, 255), st.sampled_from([0, 1, 2]))
+def test_a_frame_says_whether_the_output_was_cut(body: bytes, cap: int, rc: int, outcome: int) -> None:
     frame = (b"noise RB" + b"s1:" + base64.b64encode(body[: cap + 1])
-             + b":%d:%d:RBs1 tail" % (rc, fired))
+             + b":%d:%d:RBs1 tail" % (rc, outcome))
     r = parse_frame(frame, "s1", 0.1, cap)
     assert r is not None
     assert r.truncated == (len(body) > cap)
     assert r.output == body[:cap].decode("utf-8", errors="replace")
-    # Whether the timeout fired is the wrapper's word, not a guess from the exit code.
-    assert r.timed_out == fired and r.exit_code == (None if fired else rc)
+    # Whether the timeout fired is the helper's word, not a guess from the exit code.
+    assert r.timed_out == (outcome == 1) and r.exit_code == (rc if outcome == 0 else None)
     assert parse_frame(frame, "s2", 0.1, cap) is None
 
 
-def _run_locally(lines: list[str], rb: Path) -> bytes:
-    """The framed lines, run by a bash here with /run/rb pointed at a temp dir."""
-    script = "\n".join(lines).replace("/run/rb", str(rb)) + "\n"
-    return subprocess.run(["bash", "--noprofile", "--norc", "-s"], input=script.encode(),
-                          capture_output=True, timeout=20).stdout
-
-
 @pytest.mark.parametrize("clean", [True, False])
-def test_the_framed_lines_run_in_a_local_bash(tmp_path: Path, clean: bool) -> None:
-    command = "echo hi; echo 'it''s' >&2; exit 3"
-    r = parse_frame(_run_locally(framed_lines(command, 10, 100, "abc", clean), tmp_path), "abc", 0.0, 100)
-    assert r is not None and r.exit_code == 3 and r.output == "hi\nits\n" and not r.truncated
-    assert {p.name for p in tmp_path.iterdir()} <= {"cwd"}  # no script or output file left
+def test_exit_code_and_merged_output_come_back_and_no_file_is_left(helper: LocalHelper, clean: bool,
+                                                                   tmp_path: Path) -> None:
+    r = helper.run("echo hi; echo 'it''s' >&2; exit 3", clean=clean)
+    assert r.exit_code == 3 and r.output == "hi\nits\n" and not r.truncated and not r.timed_out
+    rb = Path(helper.proc.args[-1])
+    assert {p.name for p in rb.iterdir()} <= {"cwd"}  # no script or output file left
 
 
-def test_a_long_command_is_typed_in_short_lines_and_runs_whole(tmp_path: Path) -> None:
+def test_a_long_command_runs_whole(helper: LocalHelper) -> None:
     payload = "é!'x\\" * 3000
-    command = f"printf %s {shlex.quote(payload)} | wc -c"
-    lines = framed_lines(command, 10, 1000, "s", True)
-    assert len(lines) > 10 and max(map(len, lines)) < 2400
-    assert all(0x20 <= ord(c) < 0x7F for line in lines for c in line)
-    r = parse_frame(_run_locally(lines, tmp_path), "s", 0.0, 1000)
-    assert r is not None and r.output.strip() == str(len(payload.encode()))
-    assert CHUNK_BYTES * 4 + 100 < 4096
+    r = helper.run(f"printf %s '{payload.replace(chr(39), chr(39) + chr(92) + chr(39) + chr(39))}' | wc -c")
+    assert r.exit_code == 0 and r.output.strip() == str(len(payload.encode()))
 
 
-def test_the_command_is_in_no_argv(tmp_path: Path) -> None:
+def test_output_is_capped(helper: LocalHelper) -> None:
+    r = helper.run("head -c 5000 /dev/zero | tr '\\0' x", cap=300)
+    assert r.truncated and r.output == "x" * 300
+
+
+def test_the_agents_directory_is_remembered_and_the_clean_channel_is_clean(helper: LocalHelper) -> None:
+    assert helper.run("cd /tmp && export FOO=agent && alias ls=false").exit_code == 0
+    assert helper.run("pwd; echo ${FOO:-unset}").output == "/tmp\nunset\n"
+    r = helper.run("pwd; env | sort", clean=True)
+    assert r.output.splitlines()[0] == "/"
+    env = dict(line.split("=", 1) for line in r.output.splitlines()[1:] if "=" in line)
+    assert env["PATH"] == "/usr/sbin:/usr/bin:/sbin:/bin" and "FOO" not in env
+    helper.run("cd /")
+
+
+def test_the_command_is_in_no_argv(helper: LocalHelper) -> None:
     """``pkill -f`` must not find the shell that runs it (a real interactive shell is not found)."""
-    command = "sleep 30 & pkill -f 'sleep 30'; echo survived"
-    r = parse_frame(_run_locally(framed_lines(command, 10, 100, "s", True), tmp_path), "s", 0.0, 100)
-    assert r is not None and r.output == "survived\n" and r.exit_code == 0
+    r = helper.run("sleep 30 & pkill -f 'sleep 30'; echo survived")
+    assert r.output == "survived\n" and r.exit_code == 0
 
 
 @pytest.mark.parametrize("clean", [True, False])
-@pytest.mark.parametrize(("command", "code"), [("exit 124", 124), ("echo x; kill -9 $$", 137)])
-def test_a_command_exiting_124_or_137_itself_did_not_time_out(tmp_path: Path, clean: bool,
+@pytest.mark.parametrize(("command", "code"), [("exit 124", 124), ("echo x; kill -9 $BASHPID", 137)])
+def test_a_command_exiting_124_or_137_itself_did_not_time_out(helper: LocalHelper, clean: bool,
                                                               command: str, code: int) -> None:
-    """``timeout``'s own codes, returned by the command before its time: an exit code, not a timeout."""
-    r = parse_frame(_run_locally(framed_lines(command, 5, 100, "s", clean), tmp_path), "s", 0.0, 100)
-    assert r is not None and r.exit_code == code and not r.timed_out
+    r = helper.run(command, timeout=5, clean=clean)
+    assert r.exit_code == code and not r.timed_out
 
 
 @pytest.mark.parametrize(("command", "at_least"), [
     ("echo started; sleep 30", 1.0),
-    ("trap '' TERM; echo started; sleep 30", 3.0),  # TERM ignored: KILLed 2 s later, rc 137
+    ("trap '' TERM; echo started; sleep 30", 3.0),  # TERM ignored: KILLed 2 s later
 ])
-def test_a_command_the_timeout_stopped_timed_out(tmp_path: Path, command: str, at_least: float) -> None:
+def test_a_command_the_timeout_stopped_timed_out(helper: LocalHelper, command: str, at_least: float) -> None:
     t0 = time.monotonic()
-    r = parse_frame(_run_locally(framed_lines(command, 1, 100, "s", False), tmp_path), "s", 0.0, 100)
-    assert r is not None and r.timed_out and r.exit_code is None and r.output == "started\n"
+    r = helper.run(command, timeout=1)
+    assert r.timed_out and r.exit_code is None and r.output == "started\n"
     assert at_least <= time.monotonic() - t0 < at_least + 5
 
 
-def test_without_a_readable_uptime_the_exit_code_alone_decides(tmp_path: Path) -> None:
-    """No /proc (an agent may unmount it): 124 is then taken as the timeout, as before."""
-    lines = [line.replace("/proc/uptime", str(tmp_path / "no-such-file"))
-             for line in framed_lines("exit 124", 5, 100, "s", True)]
-    r = parse_frame(_run_locally(lines, tmp_path), "s", 0.0, 100)
-    assert r is not None and r.timed_out and r.exit_code is None
-    r = parse_frame(_run_locally(framed_lines("exit 3", 5, 100, "s", True), tmp_path), "s", 0.0, 100)
-    assert r is not None and r.exit_code == 3 and not r.timed_out
+def test_the_timeout_kills_the_commands_children_too(helper: LocalHelper, tmp_path: Path) -> None:
+    marker = tmp_path / "child-survived"
+    r = helper.run(f"(sleep 3; touch {marker}) & sleep 30", timeout=1)
+    assert r.timed_out
+    time.sleep(3.5)
+    assert not marker.exists()
+
+
+def test_a_command_that_kills_its_shell_loses_its_exit_code_not_the_channel(helper: LocalHelper) -> None:
+    r = helper.run("echo before; kill -9 $$; echo after")
+    assert r.exit_code is None and not r.timed_out
+    assert r.output.startswith("before\nafter\n") and "exit code is unknown" in r.output
+    assert helper.run("echo next").output == "next\n"
+
+
+def test_stdin_is_empty_and_signals_python_ignores_are_restored(helper: LocalHelper) -> None:
+    """``yes | head`` ends (SIGPIPE is back to its default) and ``cat`` reads nothing."""
+    r = helper.run("yes | head -c 4; cat; echo end", timeout=10)
+    assert r.output == "y\ny\nend\n" and not r.timed_out
+
+
+def test_an_interrupt_abandons_the_command_in_hand(tmp_path: Path) -> None:
+    """The host's ^C (SIGINT from the terminal) stops a stuck command; the helper listens again."""
+    h = LocalHelper(tmp_path)
+    try:
+        h.stdin.write(request_text("sleep 60", 120, 100, "stuck", False).encode())
+        h.stdin.flush()
+        time.sleep(0.5)
+        os.kill(h.proc.pid, signal.SIGINT)
+        h.stdin.write(ping("back").encode())
+        h.stdin.flush()
+        assert h.stdout.readline() == b"RBSYNCback\n"
+        assert h.run("echo alive").output == "alive\n"
+    finally:
+        h.close()

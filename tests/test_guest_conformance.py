@@ -104,15 +104,27 @@ def test_exit_124_and_137_are_exit_codes_not_timeouts(conform: Callable[[Check],
     def check(g: Guest) -> None:
         r = g.exec("exit 124", 10)
         assert r.exit_code == 124 and not r.timed_out
-        r = g.exec("echo dying; kill -9 $$", 10)
+        r = g.exec("echo dying; kill -9 $BASHPID", 10)
         assert r.exit_code == 137 and not r.timed_out and r.output == "dying\n"
         assert g.run_clean("exit 124", 10).exit_code == 124
         r = g.exec("sleep 30", 2)
         assert r.timed_out and r.exit_code is None and r.duration < 15
-        # The clock the wrapper measures with is monotonic: setting the date does not fool it.
+        # The clock the helper measures with is monotonic: setting the date does not fool it.
         r = g.exec("date -s '+1 hour' >/dev/null; exit 124", 10)
         g.run_clean("date -s '-1 hour' >/dev/null", 10)
         assert r.exit_code == 124 and not r.timed_out
+    conform(check)
+
+
+def test_killing_its_own_shell_is_reported_and_the_next_command_runs(
+        conform: Callable[[Check], None]) -> None:
+    """``$$`` is the agent's shell, as in an interactive login: killing it loses the exit code, not the channel."""
+    def check(g: Guest) -> None:
+        r = g.exec("cd /tmp; echo before; kill -9 $$; echo after", 10)
+        assert r.exit_code is None and not r.timed_out
+        assert r.output.startswith("before\nafter\n") and "its exit code is unknown" in r.output
+        r = g.exec("echo next; pwd; cd /root", 10)
+        assert r.exit_code == 0 and r.output == "next\n/tmp\n"  # the command itself ran to its end
     conform(check)
 
 

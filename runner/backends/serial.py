@@ -1,4 +1,11 @@
-"""The serial-console guest: the root shell the image keeps on ttyS0, over a unix socket."""
+"""The serial-console guest: the root shell the image keeps on ttyS0, over a unix socket.
+
+The shell only starts the guest helper (:mod:`runner.backends.guestd`),
+which then owns the console and runs every command. The helper is started
+once per golden boot and lives on in every restored VM; if an agent kills
+it, the console service starts a new shell, and the next sync starts a new
+helper from the host's copy.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +17,18 @@ import pexpect
 import pexpect.fdpexpect
 
 from runner.backends.framing import (
-    SLACK,
     FramedGuest,
-    frame_re,
-    framed_lines,
+    HelperRestarted,
+    clock_line,
+    helper_command,
+    helper_source,
     new_sentinel,
-    output_cap,
-    parse_frame,
+    ping,
+    sync_re,
 )
 from runner.backends.images import GUEST_HOSTNAME
 from runner.core.errors import GuestDown
-from runner.core.guest import CommandResult, Guest
+from runner.core.guest import Guest
 from runner.core.waiting import wait_until
 
 # A fresh interactive shell prompting (bracketed paste on, then bash's default prompt).
@@ -28,8 +36,11 @@ _NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@" + re.escape(GUEST_HOSTNAME.encode
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
           "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
 
+HELPER_START_TIMEOUT = 60.0  # python3 starting on a busy TCG guest: seconds, not minutes
+
+
 class SerialGuest(FramedGuest, Guest):
-    """The root shell the image's console service keeps on the serial port (a unix socket)."""
+    """The root shell the image's console service keeps on the serial port, running the guest helper."""
 
     def __init__(self, socket_path: str, forwards: dict[int, int], connect_timeout: float = 10.0) -> None:
         super().__init__(forwards)
@@ -53,7 +64,6 @@ class SerialGuest(FramedGuest, Guest):
         self._sock = sock
         self._child = pexpect.fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
         self._child.delaybeforesend = None
-        self._dead: str | None = None
 
     def _send(self, text: str) -> None:
         try:
@@ -91,63 +101,67 @@ class SerialGuest(FramedGuest, Guest):
         self.sync(20)
 
     def sync(self, timeout: float, *, idle: bool = False, set_clock: bool = False) -> None:
-        """Prove the shell answers (and skip whatever was printed before).
+        """Prove the helper answers (and skip whatever was printed before); start it if need be.
 
-        If the console shell died (an agent can kill it), systemd starts a
-        new one; the quieting line sent first puts it right before it is trusted.
-        ``idle`` says the shell is known to be waiting for a line (just restored
+        Each try sends a ping the helper answers, then a shell line the helper
+        ignores (it does not start with ``#RB``) but a bare console shell runs
+        and answers differently: so one try finds out which of the two is
+        listening, and a shell is told to start the helper. If the console shell
+        was replaced (an agent can kill it), the quieting line put it right first.
+        ``idle`` says the helper is known to be waiting for a line (just restored
         from the snapshot): the first try then sends no ^C, whose flush of the
         tty's input can eat the line after it while the guest is still waking.
-        ``set_clock`` sets the guest's clock to the host's in the same line (a
+        ``set_clock`` sets the guest's clock to the host's in the same try (a
         restored guest wakes with the time its snapshot was taken).
         """
         deadline = time.monotonic() + timeout
         wait = 1.0  # then 2, 4, 5 s: a slow answer to an earlier try still counts
-        tokens: list[bytes] = []
+        tokens: list[str] = []
         while True:
-            tokens.append(new_sentinel().encode())
+            tokens.append(new_sentinel())
             # ^C flushes the tty's pending input, and with it whatever arrived in the
-            # same burst: it goes alone, and the rest a moment later. The quieting
-            # line is idempotent, so it goes first every time: a shell that was
-            # replaced (or never set up) is put right before it is trusted.
+            # same burst: it goes alone, and the rest a moment later.
             if not (idle and len(tokens) == 1):
                 self._send("\x03")
                 time.sleep(0.05)
-            clock = f"date -s @{time.time():.3f} >/dev/null 2>&1; " if set_clock else ""
-            self._send(f"\n{_SETUP}\n{clock}printf '%s%s\\n' RBSYNC {tokens[-1].decode()}\n")
+            now = time.time()
+            shell_clock = f"date -s @{now:.3f} >/dev/null 2>&1; " if set_clock else ""
+            self._send(f"\n{clock_line(now) if set_clock else ''}{ping(tokens[-1])}"
+                       f"{_SETUP}; {shell_clock}printf '%s%s\\n' RBSH {tokens[-1]}\n")
             step = min(wait, max(deadline - time.monotonic(), 0.1))
             wait = min(wait * 2, 5.0)
-            if self._expect([re.compile(rb"RBSYNC(?:" + b"|".join(tokens) + rb")")], step) is not None:
+            seen = self._expect([sync_re(tokens), sync_re(tokens, b"RBSH")], step)
+            if seen is not None:
+                if seen[0] == 1:
+                    self._start_helper()
                 self._drain()
                 return
             if time.monotonic() >= deadline:
                 raise GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
 
-    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
-        if self._dead:
-            raise GuestDown(self._dead)
-        sentinel = new_sentinel()
-        cap = output_cap(output_limit)
-        t0 = time.monotonic()
-        for line in framed_lines(command, timeout, cap, sentinel, clean):
-            self._send(line + "\n")
-        seen = self._expect([frame_re(sentinel), _NEW_SHELL], timeout + SLACK)
+    def _start_helper(self) -> None:
+        """The console shell answered, so no helper runs: replace the shell by one."""
+        token = new_sentinel()
+        self._send(helper_command() + "\n")
+        self._send(helper_source().decode())
+        self._send(ping(token))
+        if self._expect([sync_re([token])], HELPER_START_TIMEOUT) is None:
+            raise GuestDown(f"the guest's command helper did not start within {HELPER_START_TIMEOUT:.0f}s")
+
+    def _await(self, pattern: re.Pattern[bytes], timeout: float) -> re.Match[bytes] | None:
+        seen = self._expect([pattern, _NEW_SHELL], timeout)
         if seen is not None and seen[0] == 1:
-            # The console service started a new shell: the one this command went to is gone.
+            # The console service started a new shell: the helper this command went to is gone.
             self.sync(30)
-            return CommandResult(None, "[the console shell was restarted; the command may not have run]",
-                                 time.monotonic() - t0, timed_out=False)
-        if seen is None:
-            # The wrapper's own timeout should have fired; the shell is wedged. Try to recover.
-            try:
-                self.sync(10)
-            except GuestDown:
-                self._dead = "the serial shell stopped answering"
-                raise
-            return CommandResult(None, "", time.monotonic() - t0, timed_out=True)
-        result = parse_frame(seen[1].group(0), sentinel, time.monotonic() - t0, cap)
-        assert result is not None
-        return result
+            raise HelperRestarted()
+        return None if seen is None else seen[1]
+
+    def _recover(self) -> None:
+        try:
+            self.sync(10)
+        except GuestDown:
+            self._dead = "the serial shell stopped answering"
+            raise
 
     def alive(self) -> bool:
         if self._dead:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from runner.backends.cachedir import cache_dir, file_lock
+from runner.backends.framing import helper_digest
 from runner.backends.images import BuiltImage
 from runner.backends.qemu import KvmUnusable, Qemu, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
@@ -85,7 +86,9 @@ def wait_until_settled(guest: Guest, timeout: float) -> str:
 
 
 def snapshot_dir(image: BuiltImage, accel: str) -> Path:
-    key = f"{image.sha256[:16]}-qemu{qemu_version()}-{accel}-{image.memory_mib}m-v{SNAPSHOT_VERSION}"
+    # The guest helper runs inside the template, so its version is part of the key.
+    key = (f"{image.sha256[:16]}-qemu{qemu_version()}-{accel}-{image.memory_mib}m-v{SNAPSHOT_VERSION}"
+           f"-h{helper_digest()}")
     return cache_dir("snapshots") / f"{image.name}-{key}"
 
 

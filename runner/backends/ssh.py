@@ -1,23 +1,35 @@
-"""The SSH guest: the system ``ssh`` client, multiplexed over one master connection per VM."""
+"""The SSH guest: the system ``ssh`` client, multiplexed over one master connection per VM.
+
+One long-lived SSH session runs the guest helper (:mod:`runner.backends.guestd`)
+with its stdin and stdout as the channel, so a command costs no new SSH
+session, only the helper's one fork in the guest.
+"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
 
+import pexpect
+import pexpect.popen_spawn
+
 from runner.backends.framing import (
-    SLACK,
     FramedGuest,
-    framed_lines,
+    HelperRestarted,
+    helper_command,
+    helper_source,
     new_sentinel,
-    output_cap,
-    parse_frame,
+    ping,
+    sync_re,
 )
-from runner.backends.process import last_line
+from runner.backends.process import die_with_parent, last_line
 from runner.core.errors import GuestDown
-from runner.core.guest import CommandResult, Guest
+from runner.core.guest import Guest
 from runner.core.waiting import wait_until
+
+HELPER_START_TIMEOUT = 60.0  # ssh session plus python3 starting on a busy TCG guest
 
 
 class SshGuest(FramedGuest, Guest):
@@ -35,7 +47,7 @@ class SshGuest(FramedGuest, Guest):
         ]
         self._ctl = ["ssh", *common]
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
-        self._dead: str | None = None
+        self._helper: pexpect.popen_spawn.PopenSpawn | None = None
         log = Path(workdir) / "ssh-master.log"
         deadline = time.monotonic() + connect_timeout
 
@@ -60,42 +72,68 @@ class SshGuest(FramedGuest, Guest):
         wait_until(master_up, connect_timeout, "ssh to the guest", interval=0.3, error=GuestDown,
                    message=why)
 
-    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
-        if self._dead:
+        self._start_helper()
+
+    def _start_helper(self) -> None:
+        """A new SSH session running a fresh helper, proven by a ping (GuestDown if it fails)."""
+        self._stop_helper()
+        child = pexpect.popen_spawn.PopenSpawn([*self._base, helper_command()], timeout=30,
+                                               maxread=1 << 16, preexec_fn=die_with_parent)
+        child.delaybeforesend = None
+        self._helper = child
+        token = new_sentinel()
+        child.send(helper_source() + ping(token).encode())
+        i = child.expect([sync_re([token]), pexpect.EOF, pexpect.TIMEOUT], timeout=HELPER_START_TIMEOUT)
+        if i != 0:
+            self._stop_helper()
+            self._dead = "the guest's command helper did not start over SSH"
             raise GuestDown(self._dead)
-        sentinel = new_sentinel()
-        cap = output_cap(output_limit)
-        # The script goes on stdin, so the command's text is in no argv (see the framing notes).
-        script = "\n".join(framed_lines(command, timeout, cap, sentinel, clean)) + "\n"
-        t0 = time.monotonic()
+
+    def _stop_helper(self) -> None:
+        child, self._helper = self._helper, None
+        if child is None:
+            return
         try:
-            r = subprocess.run([*self._base, "bash --noprofile --norc -s"], input=script.encode(),
-                               capture_output=True, timeout=timeout + SLACK)
-        except subprocess.TimeoutExpired:
-            return CommandResult(None, "", time.monotonic() - t0, timed_out=True)
-        result = parse_frame(r.stdout, sentinel, time.monotonic() - t0, cap)
-        if result is None:
-            if r.returncode == 255:
-                self._dead = "the SSH connection to the guest broke"
-                raise GuestDown(self._dead)
-            return CommandResult(r.returncode, r.stdout.decode(errors="replace")[-2000:],
-                                 time.monotonic() - t0)
-        return result
+            child.proc.stdin.close()  # the helper exits at the end of its input
+            child.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            child.proc.kill()
+            try:
+                child.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _send(self, text: str) -> None:
+        if self._helper is None:
+            self._start_helper()
+        assert self._helper is not None
+        try:
+            self._helper.send(text.encode())
+        except OSError:
+            pass  # the session is gone: _await sees its end and starts a new one
+
+    def _await(self, pattern: re.Pattern[bytes], timeout: float) -> re.Match[bytes] | None:
+        assert self._helper is not None
+        i = self._helper.expect([pattern, pexpect.EOF, pexpect.TIMEOUT], timeout=timeout)
+        if i == 1:
+            # The session or the helper died (an agent can kill either): start another.
+            self._start_helper()
+            raise HelperRestarted()
+        return self._helper.match if i == 0 else None
+
+    def _recover(self) -> None:
+        self._start_helper()
 
     def alive(self) -> bool:
         if self._dead:
             return False
         try:
-            r = subprocess.run([*self._base, "true"], capture_output=True, timeout=15,
-                                stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return False
-        try:
-            return r.returncode == 0 and not self._shutting_down()
+            return not self._shutting_down()
         except GuestDown:
             return False
 
     def close(self) -> None:
+        self._stop_helper()
         try:
             subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
                             timeout=5, stdin=subprocess.DEVNULL)
