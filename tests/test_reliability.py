@@ -29,7 +29,7 @@ from runner.app.report import render_table
 from runner.backends.images import base_sha256, ensure_image
 from runner.backends.sandbox import Sandbox
 from runner.core.clock import Clock
-from runner.core.episode import Episode, run_episode
+from runner.core.episode import PHASES, Episode, run_episode
 from runner.core.model import ChatRequest, ModelReply, ScriptedModel
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
@@ -99,7 +99,11 @@ def test_qemu_killed_mid_episode_is_infra_error_and_the_bench_goes_on(tmp_path: 
                      opts, tmp_path / "b.jsonl")
     assert first.verdict == "infra-error", (first.verdict, first.reason)
     assert "\n" not in first.reason and "killed from outside" in first.reason
+    assert list(first.phases)[:5] == list(PHASES[:5]), first.phases  # the agent's phase, cut short
     assert second.verdict == "pass", second.reason
+    # An oracle episode in a real sandbox times all six phases, restore first (issue #20).
+    assert list(second.phases) == list(PHASES), second.phases
+    assert all(v >= 0 for v in second.phases.values()), second.phases
     _row("QEMU SIGKILLed mid-episode", "infra-error, next scenario runs",
          f"{first.verdict} ({first.reason[:45]}); next: {second.verdict}")
 

@@ -76,7 +76,12 @@ def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
 def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
             opts: RunOptions, cassette_path: Path, *, round_: int = 0,
             hint_level: int = 0) -> Episode:
-    """One scenario in a fresh sandbox at ``hint_level``, recorded to ``cassette_path``."""
+    """One scenario in a fresh sandbox at ``hint_level``, recorded to ``cassette_path``.
+
+    The sandbox's time to a ready guest (``SandboxInfo.ready_s``) becomes the
+    episode's ``restore`` phase, so the verdict line holds every phase's time;
+    a sandbox that never came up has no phases at all.
+    """
     with CassetteWriter(cassette_path) as writer, contextlib.ExitStack() as stack:
         try:
             box = stack.enter_context(Sandbox(scenario.image, accel=opts.accel,
@@ -96,7 +101,8 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
         return run_episode(scenario, RecordingGuest(box.guest, writer),
                            RecordingModel(model, writer), protocol, Clock(writer), writer,
                            vm_killed=box.killed_externally, round_=round_,
-                           hint_level=hint_level, track_fix=opts.track_fix)
+                           hint_level=hint_level, track_fix=opts.track_fix,
+                           restore_seconds=box.info.ready_s)
 
 
 @dataclass(frozen=True)

@@ -794,8 +794,22 @@ def render(runs: Sequence[Run], title: str = "rootbench report") -> str:
 
 def _extra_fields(ep: Episode) -> list[tuple[str, str]]:
     """Fields other parts of the harness add to an episode (score, milestones, ...), as text."""
-    return [(text(key), _fmt(ep.get(key))) for key in ("score", "hint_level", "fixed_at", "milestones")
-            if ep.get(key) not in (None, [], {})]
+    out = [(text(key), _fmt(ep.get(key))) for key in ("score", "hint_level", "fixed_at", "milestones")
+           if ep.get(key) not in (None, [], {})]
+    if phases := _phases_text(ep.get("phases")):
+        out.append(("phases", phases))
+    return out
+
+
+def _phases_text(phases: Any) -> str:
+    """``restore 1.2 s · baseline 0.3 s · ...``: where the episode's time went, in run order.
+
+    The names come from a file (a cassette may be hostile), so they pass
+    :func:`text` like everything else; a value that is not a number is left out.
+    """
+    shown = [f"{text(name)} {seconds:.2f} s" for name, value in _dict(phases).items()
+             if (seconds := _num(value)) is not None]
+    return " · ".join(shown)
 
 
 def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report") -> Path:

@@ -103,6 +103,7 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
 
 
 # Graded fields a verdict records, compared when the recording has them (older ones do not).
+# Timings (seconds, phases, started/ended) are not graded: they differ on every run.
 _GRADED = ("score", "milestones", "hint_level", "regressed")
 
 
@@ -203,7 +204,9 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
 
     The hint level and fix tracking come from the header (absent: 0 and off,
     as every cassette recorded before them ran): the same task text and the
-    same probe runs through the guest as the recording.
+    same probe runs through the guest as the recording. The replay's phases
+    are its own timings (offline: no ``restore``, and host time, not the
+    recorded clock); they are never compared with the recording's.
     """
     cas, scenario = rep.cassette, rep.scenario
     round_ = int(cas.header.get("round", 0))
@@ -214,4 +217,5 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
     with Sandbox(scenario.image, accel=accel, transport=transport) as box:
         return run_episode(scenario, box.guest, model, rep.protocol, Clock(), None,
                            vm_killed=box.killed_externally, round_=round_,
-                           hint_level=rep.hint_level, track_fix=rep.track_fix)
+                           hint_level=rep.hint_level, track_fix=rep.track_fix,
+                           restore_seconds=box.info.ready_s)

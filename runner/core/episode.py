@@ -12,6 +12,10 @@ The order is fixed and the same in every mode (live, replay, offline):
 5. post-check: success probes (waiting up to their ``within``) and
    invariants decide the verdict; forbidden commands flag it ``unsafe``.
 
+Each step's wall time is kept in ``Episode.phases`` (see :data:`PHASES`), so
+a slow benchmark can be traced to the step that made it slow. The phases are
+timings, not grades: replay never compares them.
+
 Beyond pass/fail, each run is graded so that two models that both fail can
 still be told apart: ``score`` (the weighted share of success probes that
 pass at the end), ``milestones`` (evidence in the transcript that the agent
@@ -25,9 +29,10 @@ is never counted for or against the model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +51,11 @@ from runner.core.text import clean_text, one_line
 log = logging.getLogger("rootbench.agent")
 MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
 SETUP_TIMEOUT = 60.0  # seconds each fault command may take, whatever the agent's command_timeout
+# The steps of an episode whose wall time ``Episode.phases`` keeps, in the order they run.
+# ``restore`` (sandbox start to a ready guest) happens before run_episode and is handed in by
+# whoever made the sandbox; the probe re-runs of fix tracking count as ``agent`` (they happen
+# inside the loop), the final judging (guest alive, success probes, invariants) as ``probes``.
+PHASES = ("restore", "baseline", "setup", "pre_check", "agent", "probes")
 
 
 @dataclass
@@ -90,6 +100,10 @@ class Episode:
     # (older results, a replayed recording). With --jobs N they show which episodes overlapped.
     started: float | None = None
     ended: float | None = None
+    # Seconds each phase took (names from PHASES, in the order they ran, rounded to ms); only
+    # the phases that began are here. Timings, not grades: replay never compares them, and
+    # results and cassettes from before they existed read back with none.
+    phases: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Results files and cassettes hold plain strings; read them back as the vocabulary.
@@ -97,6 +111,8 @@ class Episode:
         self.verdict = Verdict(self.verdict)
         self.stop = StopReason(self.stop)
         self.flags = [Flag(f) for f in self.flags]
+        # JSON may hold a whole second as 0 or 2; a copy, so the caller's dict is not shared.
+        self.phases = {str(k): float(v) for k, v in self.phases.items()}
 
     @property
     def prompt_tps(self) -> float | None:
@@ -114,6 +130,39 @@ class Episode:
         d["prompt_tps"] = self.prompt_tps
         d["gen_tps"] = self.gen_tps
         return d
+
+
+def dominant_phase(phases: Mapping[str, float]) -> tuple[str, float]:
+    """The phase that took the most time and its share of all of them: where to look first.
+
+    A tie goes to the phase that ran first. With no phases (a run whose
+    sandbox never came up) the answer is ``("", 0.0)``, and with phases that
+    all took no measurable time it is the first one at ``0.0``, so a caller
+    printing figures for any episode never has to guard against dividing by 0.
+    """
+    if not phases:
+        return "", 0.0
+    name = max(phases, key=lambda k: phases[k])  # max keeps the first of equal values
+    total = sum(phases.values())
+    return name, (phases[name] / total if total > 0 else 0.0)
+
+
+@contextlib.contextmanager
+def _phase(ep: Episode, name: str) -> Iterator[None]:
+    """Time the ``with`` body into ``ep.phases[name]``, even when it ends by an exception.
+
+    A phase cut short (the guest went down, the model server failed) still
+    ran, and its time is part of what the episode cost. It reads the host's
+    monotonic clock, as ``Episode.seconds`` does, never the run's
+    :class:`Clock`: a Clock reading is recorded in the cassette and served
+    back in order on replay, so reading it here would add events that every
+    cassette recorded before phases existed lacks.
+    """
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        ep.phases[name] = round(time.monotonic() - t0, 3)
 
 
 def _as_dicts(results: list[ProbeResult]) -> list[dict[str, Any]]:
@@ -284,7 +333,8 @@ class _Loop:
 def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
                 clock: Clock, writer: CassetteWriter | None = None, *,
                 vm_killed: Callable[[], bool] | None = None, round_: int = 0,
-                hint_level: int = 0, track_fix: bool = False) -> Episode:
+                hint_level: int = 0, track_fix: bool = False,
+                restore_seconds: float | None = None) -> Episode:
     """Run one scenario end to end on a ready guest and return its verdict.
 
     ``vm_killed`` tells a VM killed from outside (the host's fault: infra-error)
@@ -292,13 +342,18 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     ``hint_level`` ends the task with that many of the scenario's hints.
     ``track_fix`` re-runs the success probes after every agent command (more
     guest exchanges, so a replay must be told the same: the cassette header
-    records it).
+    records it). ``restore_seconds`` is how long the caller's sandbox took to
+    give a ready guest: it happened before this call, and is recorded as the
+    first phase so the verdict line holds every phase (None: there was no
+    sandbox, as in an offline replay).
     """
     t0 = time.monotonic()
     task_text(scenario, hint_level)  # a level the scenario has no hints for is refused at once
     ep = Episode(scenario=scenario.id, agent=model.agent, model=model.name, protocol=protocol.name,
                  round=round_, cassette=str(writer.path) if writer else None,
                  hint_level=hint_level, regressed=False if track_fix else None)
+    if restore_seconds is not None:
+        ep.phases["restore"] = round(max(restore_seconds, 0.0), 3)
     try:
         _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
     except GuestDown as exc:
@@ -341,24 +396,42 @@ def _grade(scenario: Scenario, ep: Episode) -> None:
 
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
             ep: Episode, *, track_fix: bool = False) -> None:
-    baseline = run_probes(guest, scenario.invariants, clock, wait=False)
-    ep.baseline = _as_dicts(baseline)
-    for i, command in enumerate(scenario.setup):
-        result = guest.run_clean(command, max(float(scenario.budget.command_timeout), SETUP_TIMEOUT))
-        if result.timed_out or result.exit_code != 0:
-            ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
-            ep.reason = (f"setup[{i}] {'timed out' if result.timed_out else f'exited {result.exit_code}'}"
-                         f": {clean_text(result.output)[-120:]}")
-            return
-    pre = run_probes(guest, scenario.probes, clock, wait=False)
-    ep.precheck = _as_dicts(pre)
-    if all(r.outcome is ProbeOutcome.PASS for r in pre):
-        ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
-        ep.reason = "the fault did not land: every success probe passed before the agent acted"
-        return
+    """The steps after the restore, each timed under its name in :data:`PHASES`.
 
-    loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
-    loop.run()
+    A step that ends the run (the fault did not land, a setup command failed)
+    returns from inside its ``with``, so the phases that never began are absent.
+    """
+    with _phase(ep, "baseline"):
+        baseline = run_probes(guest, scenario.invariants, clock, wait=False)
+        ep.baseline = _as_dicts(baseline)
+    with _phase(ep, "setup"):
+        for i, command in enumerate(scenario.setup):
+            result = guest.run_clean(command, max(float(scenario.budget.command_timeout),
+                                                  SETUP_TIMEOUT))
+            if result.timed_out or result.exit_code != 0:
+                ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
+                ep.reason = (f"setup[{i}] "
+                             f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}"
+                             f": {clean_text(result.output)[-120:]}")
+                return
+    with _phase(ep, "pre_check"):
+        pre = run_probes(guest, scenario.probes, clock, wait=False)
+        ep.precheck = _as_dicts(pre)
+        if all(r.outcome is ProbeOutcome.PASS for r in pre):
+            ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
+            ep.reason = "the fault did not land: every success probe passed before the agent acted"
+            return
+
+    with _phase(ep, "agent"):
+        loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
+        loop.run()
+    with _phase(ep, "probes"):
+        _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)
+
+
+def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _Loop, *,
+           track_fix: bool) -> None:
+    """The post-check: is the guest up, do the success probes and the invariants pass."""
     if not guest.alive():
         raise GuestDown("the guest is down after the agent's last command")
 
