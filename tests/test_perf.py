@@ -8,13 +8,14 @@ import sys
 
 import pytest
 
+from runner.core.episode import PHASES
 from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 
 
 def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
-    r = subprocess.run([sys.executable, "-m", "runner", "-q", "perf", "--json", "--no-model"],
+    r = subprocess.run([sys.executable, "-m", "runner", "-q", "perf", "--json", "--no-model", "--no-verify"],
                        capture_output=True, text=True, timeout=1800, cwd=repo_root())
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)  # one JSON document
@@ -27,6 +28,15 @@ def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
     # restored QEMU's private memory is a part of its resident memory.
     assert figures["jobs1_passes"] == figures["jobs2_passes"] == figures["scale_episodes"] == 4
     assert figures["jobs2_speedup"] == round(figures["jobs1_wall_s"] / figures["jobs2_wall_s"], 2)
-    assert 0 < figures["qemu_private_mib"] <= figures["qemu_rss_mib"]
+    assert 0 < figures["qemu_private_mib"] <= figures["vm_rss_mib"]
     assert 0 < figures["qemu_private_cold_mib"] <= figures["qemu_rss_cold_mib"]
+    # The ratios the targets are set on come from figures of the same run.
+    assert figures["qemu_floor_s"] > 0 and figures["guest_spawn_ms"] > 0
+    assert figures["restore_floor_ratio"] == round(figures["restore_ready_s"] / figures["qemu_floor_s"], 2)
+    assert figures["rtt_spawn_ratio"] == round(figures["command_rtt_ms"] / figures["guest_spawn_ms"], 2)
+    # The oracle passes the three published scenarios, and the dominant phase is one of the six.
+    assert figures["oracle_passes"] == 3 and figures["oracle_episode_s"] > 0
+    assert set(figures["oracle_phases_s"]) == set(PHASES)
+    assert figures["oracle_dominant_phase"].split(" ")[0] in PHASES
+    assert "verify_suite_s" not in figures  # --no-verify
     print(json.dumps(figures, indent=1, sort_keys=True))  # the figures, for the README (with -s)

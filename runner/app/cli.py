@@ -211,6 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-model", action="store_true", help="skip the model figures")
     p.add_argument("--no-scale", action="store_true",
                    help="skip the --jobs 1 against --jobs 2 oracle benches")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip timing verify --jobs 2 of the whole suite (minutes)")
     p.add_argument("--model", default=None, help="named model for the model figures")
     _vm_args(p)
 
@@ -567,7 +569,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace) -> int:
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
-                      model_name=args.model, scale=not args.no_scale)
+                      model_name=args.model, scale=not args.no_scale, verify=not args.no_verify)
     _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
     return 0
 
