@@ -41,7 +41,7 @@ class LocalHelper:
     def __init__(self, rb: Path) -> None:
         src = helper_source()
         bootstrap = helper_command().split("-c ", 1)[1].strip("'")
-        self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb)],
+        self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb)],  # as exec -a does
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout

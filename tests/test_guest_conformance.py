@@ -128,6 +128,19 @@ def test_killing_its_own_shell_is_reported_and_the_next_command_runs(
     conform(check)
 
 
+def test_an_agent_killing_python_or_its_parent_keeps_the_channel(conform: Callable[[Check], None]) -> None:
+    """The command helper in the guest is python3: ``pkill python3`` must not cut the channel,
+    and a command that kills the helper itself (``kill $PPID`` is it) gets a new one."""
+    def check(g: Guest) -> None:
+        r = g.exec("pkill python3; pkill -f python; echo still-here", 10)
+        assert r.exit_code == 0 and r.output == "still-here\n"
+        r = g.exec("kill -9 $PPID", 10)
+        assert r.exit_code is None and not r.timed_out and "restarted" in r.output
+        assert g.exec("echo next", 10).output == "next\n"
+        assert g.run_clean("echo clean", 10).output == "clean\n"
+    conform(check)
+
+
 def test_the_prompt_the_serial_guest_watches_for_is_the_guest_hostname(
         conform: Callable[[Check], None]) -> None:
     """One hostname for the image and the serial guest's new-shell prompt."""

@@ -32,13 +32,18 @@ def helper_source() -> bytes:
 
 
 def helper_digest() -> str:
-    """A short hash of the helper: guest state that contains a running helper is keyed by it."""
-    return hashlib.sha256(helper_source()).hexdigest()[:12]
+    """A short hash of the helper and how it starts: guest state with a running helper is keyed by it."""
+    return hashlib.sha256(helper_command().encode() + b"\0" + helper_source()).hexdigest()[:12]
 
 
 def helper_command() -> str:
-    """The shell command that starts the helper; its program text must follow on its stdin."""
-    return f"exec python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read({len(helper_source())}))'"
+    """The shell command that starts the helper; its program text must follow on its stdin.
+
+    Named ``rb-guest`` in argv[0] (and in its comm, which it sets itself), so
+    an agent's ``pkill python3`` or ``pkill -f python`` does not cut the channel.
+    """
+    return ("exec -a rb-guest python3 -I -S -c "
+            f"'import sys;exec(sys.stdin.buffer.read({len(helper_source())}))'")
 
 
 def frame_re(sentinel: str) -> re.Pattern[bytes]:

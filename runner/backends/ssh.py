@@ -7,13 +7,14 @@ session, only the helper's one fork in the guest.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
 from pathlib import Path
 
 import pexpect
-import pexpect.popen_spawn
+import pexpect.fdpexpect
 
 from runner.backends.framing import (
     FramedGuest,
@@ -24,7 +25,7 @@ from runner.backends.framing import (
     ping,
     sync_re,
 )
-from runner.backends.process import die_with_parent, last_line
+from runner.backends.process import die_with_parent, end_process, last_line
 from runner.core.errors import GuestDown
 from runner.core.guest import Guest
 from runner.core.waiting import wait_until
@@ -47,7 +48,8 @@ class SshGuest(FramedGuest, Guest):
         ]
         self._ctl = ["ssh", *common]
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
-        self._helper: pexpect.popen_spawn.PopenSpawn | None = None
+        self._helper: tuple[subprocess.Popen[bytes], pexpect.fdpexpect.fdspawn] | None = None
+        self._helper_log = Path(workdir) / "ssh-helper.log"
         log = Path(workdir) / "ssh-master.log"
         deadline = time.monotonic() + connect_timeout
 
@@ -77,49 +79,63 @@ class SshGuest(FramedGuest, Guest):
     def _start_helper(self) -> None:
         """A new SSH session running a fresh helper, proven by a ping (GuestDown if it fails)."""
         self._stop_helper()
-        child = pexpect.popen_spawn.PopenSpawn([*self._base, helper_command()], timeout=30,
-                                               maxread=1 << 16, preexec_fn=die_with_parent)
-        child.delaybeforesend = None
-        self._helper = child
+        with self._helper_log.open("ab") as err:
+            proc = subprocess.Popen([*self._base, helper_command()], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, preexec_fn=die_with_parent)
+        assert proc.stdin is not None and proc.stdout is not None
+        reader = pexpect.fdpexpect.fdspawn(proc.stdout.fileno(), timeout=30, maxread=1 << 16)
+        self._helper = (proc, reader)
         token = new_sentinel()
-        child.send(helper_source() + ping(token).encode())
-        i = child.expect([sync_re([token]), pexpect.EOF, pexpect.TIMEOUT], timeout=HELPER_START_TIMEOUT)
+        self._send_bytes(helper_source() + ping(token).encode())
+        i = reader.expect([sync_re([token]), pexpect.EOF, pexpect.TIMEOUT], timeout=HELPER_START_TIMEOUT)
         if i != 0:
             self._stop_helper()
-            self._dead = "the guest's command helper did not start over SSH"
+            self._dead = "the guest's command helper did not start over SSH: " + (
+                last_line(self._helper_log)[-160:] or "no answer")
             raise GuestDown(self._dead)
 
     def _stop_helper(self) -> None:
-        child, self._helper = self._helper, None
-        if child is None:
+        """End the helper's session: its input closed (the helper exits), then the process reaped."""
+        helper, self._helper = self._helper, None
+        if helper is None:
             return
+        proc, _reader = helper
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
         try:
-            child.proc.stdin.close()  # the helper exits at the end of its input
-            child.proc.wait(timeout=2)
-        except (OSError, subprocess.TimeoutExpired):
-            child.proc.kill()
-            try:
-                child.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            end_process(proc, grace=2)
+        proc.stdout.close()
+
+    def _send_bytes(self, data: bytes) -> None:
+        assert self._helper is not None
+        try:
+            stdin = self._helper[0].stdin
+            assert stdin is not None
+            stdin.write(data)
+            stdin.flush()
+        except (OSError, ValueError):
+            pass  # the session is gone: _await sees its end and starts a new one
 
     def _send(self, text: str) -> None:
         if self._helper is None:
             self._start_helper()
-        assert self._helper is not None
-        try:
-            self._helper.send(text.encode())
-        except OSError:
-            pass  # the session is gone: _await sees its end and starts a new one
+        self._send_bytes(text.encode())
 
     def _await(self, pattern: re.Pattern[bytes], timeout: float) -> re.Match[bytes] | None:
         assert self._helper is not None
-        i = self._helper.expect([pattern, pexpect.EOF, pexpect.TIMEOUT], timeout=timeout)
+        reader = self._helper[1]
+        try:
+            i = reader.expect([pattern, pexpect.EOF, pexpect.TIMEOUT], timeout=timeout)
+        except OSError:
+            i = 1
         if i == 1:
             # The session or the helper died (an agent can kill either): start another.
             self._start_helper()
             raise HelperRestarted()
-        return self._helper.match if i == 0 else None
+        return reader.match if i == 0 else None
 
     def _recover(self) -> None:
         self._start_helper()
