@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,14 @@ def qemu_children() -> set[int]:
     out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "qemu-system-x86_64"],
                          capture_output=True, text=True, timeout=10)
     return {int(p) for p in out.stdout.split()}
+
+
+def snapshot_hashes(snapshot: Path) -> dict[str, tuple[str, int]]:
+    """sha256 and permission bits of each file of a golden snapshot: what "never written" compares."""
+    from runner.backends.cachedir import file_sha256
+    from runner.backends.snapshot import FILES
+
+    return {f: (file_sha256(snapshot / f), (snapshot / f).stat().st_mode & 0o777) for f in FILES}
 
 
 @pytest.fixture

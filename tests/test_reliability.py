@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import qemu_children, qemu_pids
+from conftest import qemu_children, qemu_pids, snapshot_hashes
 from tabulate import tabulate
 
 from runner.app.agents import AgentChoice
@@ -27,7 +27,9 @@ from runner.app.bench import run_bench
 from runner.app.episodes import RunOptions, run_one
 from runner.app.report import render_table
 from runner.backends.images import base_sha256, ensure_image
+from runner.backends.qemu import choose_accel
 from runner.backends.sandbox import Sandbox
+from runner.backends.snapshot import snapshot_dir
 from runner.core.clock import Clock
 from runner.core.episode import PHASES, Episode, run_episode
 from runner.core.model import ChatRequest, ModelReply, ScriptedModel
@@ -241,6 +243,8 @@ def test_soak_published_scenarios(tmp_path: Path) -> None:
     # One warm-up run first: connection pools and caches opened once are not leaks.
     run_bench(scenarios[:1], AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto"),
               tmp_path / "warm-up")
+    snapshot = snapshot_dir(image, choose_accel("auto"))  # made by the warm-up, if not before
+    snapshot_before = snapshot_hashes(snapshot)
     fds_before = len(os.listdir("/proc/self/fd"))
     tmp_before = len(list(Path("/tmp").glob("rb-*")))
     eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto", repeat=rounds),
@@ -251,8 +255,9 @@ def test_soak_published_scenarios(tmp_path: Path) -> None:
              "socket dirs": len(list(Path("/tmp").glob("rb-*"))) - tmp_before}
     assert all(e.verdict == "pass" for e in eps), [(e.scenario, e.verdict, e.reason) for e in eps if e.verdict != "pass"]
     assert base_sha256(image) == base_before
+    assert snapshot_hashes(snapshot) == snapshot_before  # every run restored from it; none wrote it
     assert leaks == {"fds": 0, "qemu": 0, "socket dirs": 0}, leaks
     print(f"\nsoak: {len(eps)} runs, per run min {min(times):.1f}s / median "
-          f"{statistics.median(times):.1f}s / max {max(times):.1f}s; leaks {leaks}; base image unchanged")
+          f"{statistics.median(times):.1f}s / max {max(times):.1f}s; leaks {leaks}; base image and snapshot unchanged")
     _row(f"soak: 3 published x {rounds} rounds (oracle)", "no leaks, stable time",
          f"min/median/max {min(times):.1f}/{statistics.median(times):.1f}/{max(times):.1f}s, leaks 0")

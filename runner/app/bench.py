@@ -53,7 +53,7 @@ def _prepare_sandboxes(images: list[str], opts: RunOptions) -> None:
     for image in images:
         try:
             with Sandbox(image, accel=opts.accel, transport=opts.transport) as box:
-                how = "restored from its snapshot" if box.info.restored else "cold boot"
+                how = "cold boot" if box.info.restore == "cold" else f"{box.info.restore} restore"
                 log.info("sandbox %s ready in %.2fs (%s, %s)", image, box.info.ready_s,
                          box.info.accel, how)
         except InfraError as exc:

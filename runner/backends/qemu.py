@@ -1,5 +1,10 @@
 """One QEMU process: launched tied to rootbench, driven over QMP, ended for sure.
 
+Every VM is the same virtual machine (``qemu_args``), whatever holds its RAM:
+a file (the golden boot, a template restore) or anonymous memory (a cold
+boot, a full-state restore). A saved state loads only into that machine, so
+its shape is hashed into the snapshot's cache key (``machine_digest``).
+
 Also the accelerator choice. KVM is used when it works; a KVM that opens
 but cannot run the guest (the nested ``kvm_pvm`` hosts this was built on
 stop with ``KVM internal error``) is remembered per kernel and QEMU
@@ -10,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -93,17 +100,66 @@ def choose_accel(pref: str) -> str:
     return "kvm"
 
 
+RamFile = tuple[Path, bool]  # the guest RAM's file and whether QEMU writes it (share=on)
+
+
+def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, console: Path,
+              qmp: Path, forwards: dict[int, int]) -> list[str]:
+    """QEMU's arguments for ``image``, the binary not included (nor ``-incoming``, ``-S``).
+
+    The RAM is always the memory backend ``mem0``, a file or anonymous: a saved
+    migration stream names its RAM block, so a full state saved from the
+    file-backed template loads into anonymous RAM only under the same name.
+    """
+    mem = image.memory_mib
+    fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in forwards.items())
+    if ram:
+        path, shared = ram
+        backend = f"memory-backend-file,id=mem0,size={mem}M,mem-path={path},share={'on' if shared else 'off'}"
+    else:
+        backend = f"memory-backend-ram,id=mem0,size={mem}M"
+    return ["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            "-machine", "q35,memory-backend=mem0", "-m", f"{mem}M", "-smp", "1",
+            "-accel", "kvm" if accel == "kvm" else "tcg",
+            "-cpu", "host" if accel == "kvm" else "max",
+            "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", image.cmdline,
+            "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+            "-netdev", f"user,id=n0,restrict=on,{fwd}",
+            "-device", "virtio-net-pci,netdev=n0",
+            "-chardev", f"socket,id=ser0,path={console},server=on,wait=off",
+            "-serial", "chardev:ser0",
+            "-qmp", f"unix:{qmp},server=on,wait=off",
+            "-object", backend]
+
+
+def machine_digest(image: BuiltImage, accel: str) -> str:
+    """A short hash of the golden boot's command line with the per-VM parts (paths, ports) fixed.
+
+    A saved VM state loads only into the same virtual machine: a changed machine
+    type, CPU model, device or memory size must key a new snapshot, not fail
+    every restore. The kernel and initrd are the image's (its sha covers them).
+    """
+    fixed = dataclasses.replace(image, kernel=Path("vmlinuz"), initrd=Path("initrd.img"))
+    args = qemu_args(fixed, Path("disk"), accel, (Path("ram"), True), Path("console"), Path("qmp"),
+                     dict.fromkeys(FORWARDED_PORTS, 0))
+    return hashlib.sha256("\0".join(args).encode()).hexdigest()[:8]
+
+
 class Qemu:
     """One QEMU process with a QMP socket and a serial socket in a private 0700 directory."""
 
     def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
-                 ram: tuple[Path, bool] | None, incoming: bool) -> None:
+                 ram: RamFile | None, incoming: bool, *, paused: bool = False) -> None:
+        """``ram``: the guest RAM in a file, shared (the golden boot) or copy-on-write (a
+        template restore); None for ordinary anonymous RAM. ``incoming``: wait for
+        ``migrate-incoming``. ``paused``: do not run the guest (``-S``), not even once an
+        incoming migration has loaded it, so its state can be migrated on unchanged."""
         self.workdir = workdir
         self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
         try:
-            self._launch(image, disk, accel, workdir, ram, incoming)
+            self._launch(image, disk, accel, workdir, ram, incoming, paused)
         except BaseException:
             # Interrupted (Ctrl-C) before QEMU ran: the socket directory must not be left behind.
             shutil.rmtree(self.sock_dir, ignore_errors=True)
@@ -118,33 +174,19 @@ class Qemu:
             raise
 
     def _launch(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
-                ram: tuple[Path, bool] | None, incoming: bool) -> None:
+                ram: RamFile | None, incoming: bool, paused: bool) -> None:
         """Start QEMU with its sockets in ``self.sock_dir``."""
         os.chmod(self.sock_dir, 0o700)
         self.qmp_path = self.sock_dir / "qmp.sock"
         self.console_path = self.sock_dir / "console.sock"
         self.forwards = {guest: free_port() for guest in FORWARDED_PORTS}
         self.log_path = workdir / "qemu.log"
-        mem = image.memory_mib
-        fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in self.forwards.items())
-        machine = "q35,memory-backend=mem0" if ram else "q35"
-        cmd = [qemu_binary(), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-               "-machine", machine, "-m", f"{mem}M", "-smp", "1",
-               "-accel", "kvm" if accel == "kvm" else "tcg",
-               "-cpu", "host" if accel == "kvm" else "max",
-               "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", image.cmdline,
-               "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
-               "-netdev", f"user,id=n0,restrict=on,{fwd}",
-               "-device", "virtio-net-pci,netdev=n0",
-               "-chardev", f"socket,id=ser0,path={self.console_path},server=on,wait=off",
-               "-serial", "chardev:ser0",
-               "-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
-        if ram:
-            path, shared = ram
-            cmd += ["-object", f"memory-backend-file,id=mem0,size={mem}M,mem-path={path},"
-                               f"share={'on' if shared else 'off'}"]
+        cmd = [qemu_binary(), *qemu_args(image, disk, accel, ram, self.console_path, self.qmp_path,
+                                         self.forwards)]
         if incoming:
             cmd += ["-incoming", "defer"]
+        if paused:
+            cmd += ["-S"]
         self.argv = cmd
         self.started = time.monotonic()
         self._log = self.log_path.open("wb")
@@ -200,6 +242,34 @@ class Qemu:
         if event and event.get("event") == "MIGRATION":
             return str((event.get("data") or {}).get("status"))
         return None
+
+    def wait_migration(self, timeout: float, what: str) -> None:
+        """Wait for the migration under way, either direction, to complete; VMError saying why not.
+
+        Needs the ``events`` capability (set before the migration starts): each
+        state change is then an event, read as it comes instead of polled. A
+        failed incoming migration ends QEMU, so its reason is in QEMU's log.
+        """
+        deadline = time.monotonic() + timeout
+
+        def why(status: str) -> str:
+            desc = ""
+            if self.proc.poll() is None:  # a QEMU that exited answers no query
+                with contextlib.suppress(VMError):
+                    desc = str((self.cmd("query-migrate") or {}).get("error-desc") or "")
+            return f"{what} did not complete ({status}): {desc or self.log_tail()}"
+
+        def completed() -> bool:
+            try:
+                status = self.migration_event(min(0.5, max(0.01, deadline - time.monotonic())))
+            except VMError:
+                raise VMError(why("QEMU exited")) from None
+            if status in ("failed", "cancelled"):
+                raise VMError(why(f"migration {status}"))
+            return status == "completed"
+
+        wait_until(completed, timeout, what, interval=0, error=VMError,
+                   message=lambda: why(f"status {self.status()} after {timeout:.0f}s"))
 
     def log_tail(self) -> str:
         try:

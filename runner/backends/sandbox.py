@@ -1,9 +1,18 @@
 """The sandbox: one disposable VM with a ready guest, torn down whatever happens.
 
-A :class:`Sandbox` is a context manager. Entering it gives a ready guest
-(restored from the image's golden snapshot, else cold-booted); leaving it
-ends QEMU by its own pid and removes the overlay and sockets. The base image
-is only ever a read-only backing file.
+A :class:`Sandbox` is a context manager. Entering it gives a ready guest;
+leaving it ends QEMU by its own pid and removes the overlay and sockets. The
+base image and the golden snapshot are only ever read.
+
+A guest comes up the first way that works, in this order: the template
+restore (the snapshot's RAM file mapped copy-on-write, ~0.5 s), the
+full-state restore (the snapshot's whole migration stream loaded into
+anonymous RAM, ~1.5 s), a cold boot (~30-60 s under TCG). A way that fails
+is said in one warning line, once per process per reason (a broken template
+would otherwise say so for every VM of a bench); each sandbox records the
+way it took and why in :class:`SandboxInfo`. ``restore=`` (default
+``$ROOTBENCH_RESTORE``, else ``template``) picks where the chain starts,
+which is how tests and users force a way without a fault.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shlex
 import shutil
 import tempfile
 import time
@@ -30,6 +41,7 @@ from runner.backends.qemu import (
 from runner.backends.serial import SerialGuest
 from runner.backends.snapshot import (
     BOOT_TIMEOUT,
+    FILES,
     READY_TIMEOUT,
     ensure_snapshot,
     wait_for_shell,
@@ -38,9 +50,13 @@ from runner.backends.snapshot import (
 from runner.backends.ssh import SshGuest
 from runner.core.errors import InfraError, InvalidInput, VMError
 from runner.core.guest import Guest
-from runner.core.waiting import wait_until
+from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.vm")
+RESTORES = ("template", "full-state", "cold")  # the fallback chain, in order
+RESTORE_ENV = "ROOTBENCH_RESTORE"  # where the chain starts when Sandbox(restore=) is not given
+_told: set[str] = set()  # fallbacks already said in this process: once per reason, not per VM
+_PER_VM = re.compile(r"rootbench-vm-\w+|rb-\w+|\d+")  # what differs between two VMs' same fault
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,9 @@ class SandboxInfo:
     """How a sandbox came up; written into every cassette header."""
 
     accel: str  # kvm | tcg
-    restored: bool  # from the golden snapshot (else cold boot)
+    restored: bool  # from the golden snapshot, either way (restore != "cold"); older readers use it
+    restore: str  # template | full-state | cold: the way this guest came up
+    fallback: str | None  # why the ways tried before it failed, one line; None if the first worked
     ready_s: float  # entering the sandbox to a ready guest, overlay and clock included
     shell_s: float  # QEMU launch to the first command answered
     qemu_version: str
@@ -60,21 +78,43 @@ class SandboxInfo:
         return asdict(self)
 
 
+def _say_fallback(what: str, then: str) -> str:
+    """Warn that a way failed and what comes next, once per process per reason; ``what`` in one line."""
+    reason = one_line(what, 300)
+    key = _PER_VM.sub("#", reason)
+    if key in _told:
+        log.debug("%s; %s", reason, then)
+    else:
+        _told.add(key)
+        log.warning("%s; %s", reason, then)
+    return reason
+
+
 class Sandbox:
     """One disposable VM with a ready guest. Use as a context manager."""
 
     def __init__(self, image: str = "debian-12-nginx", *, accel: str = "auto",
                  transport: str = "serial", workdir: Path | str | None = None,
-                 snapshot: bool = True) -> None:
+                 snapshot: bool = True, restore: str | None = None,
+                 snapshot_dir: Path | str | None = None) -> None:
+        """``restore``: the first way to try (template, full-state, cold); ``snapshot=False``
+        means cold. ``snapshot_dir``: restore from this golden snapshot instead of the
+        cache's (tests point it at a damaged copy: the cached one is shared and read-only)."""
         if transport not in ("serial", "ssh"):
             raise InvalidInput(f"unknown transport {transport!r} (serial or ssh)", field="--transport")
         if accel not in ("auto", "kvm", "tcg"):
             raise InvalidInput(f"unknown accelerator {accel!r} (auto, kvm or tcg)", field="--accel")
+        where = "restore" if restore is not None else RESTORE_ENV
+        restore = restore if restore is not None else os.environ.get(RESTORE_ENV) or "template"
+        if restore not in RESTORES:
+            raise InvalidInput(f"unknown restore {restore!r} (template, full-state or cold)",
+                               field=where)
         self.image_name = image
         self.accel_pref = accel
         self.transport = transport
         self.parent = Path(workdir) if workdir else None
-        self.use_snapshot = snapshot
+        self.restore = restore if snapshot else "cold"
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.info: SandboxInfo
         self.guest: Guest
         self._q: Qemu | None = None
@@ -102,9 +142,8 @@ class Sandbox:
             self.parent.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="rootbench-vm-", dir=self.parent))
         os.chmod(self._dir, 0o700)
-        restored = False
         try:
-            restored = self._boot(image, accel)
+            way, fallback = self._boot(image, accel)
         except KvmUnusable as exc:
             if self.accel_pref != "auto":
                 raise
@@ -112,7 +151,7 @@ class Sandbox:
             log.info("KVM unusable (%s); falling back to TCG", exc)
             self._stop_qemu()
             accel = "tcg"
-            restored = self._boot(image, accel)
+            way, fallback = self._boot(image, accel)
         assert self._q is not None and self._serial is not None
         if self.transport == "ssh":
             key = self._dir / "id_ed25519"
@@ -121,31 +160,54 @@ class Sandbox:
             self.guest = SshGuest(self._q.forwards[22], str(key), str(self._dir), self._q.forwards)
         else:
             self.guest = self._serial
-        self.info = SandboxInfo(accel=accel, restored=restored,
+        self.info = SandboxInfo(accel=accel, restored=way != "cold", restore=way, fallback=fallback,
                                 ready_s=round(time.monotonic() - t0, 3),
                                 shell_s=round(self.shell_s, 3), qemu_version=qemu_version(),
                                 image=image.name, image_sha256=image.sha256,
                                 transport=self.transport)
 
-    def _boot(self, image: BuiltImage, accel: str) -> bool:
-        assert self._dir is not None
-        if self.use_snapshot:
+    def _boot(self, image: BuiltImage, accel: str) -> tuple[str, str | None]:
+        """Down the chain from ``self.restore``: the way that worked, and why those before failed."""
+        reasons: list[str] = []
+        ways = [w for w in RESTORES[RESTORES.index(self.restore):] if w != "cold"]
+        snap = Path()
+        if ways:
             try:
-                snap = ensure_snapshot(image, accel)
-                self._restore(image, accel, snap)
-                return True
+                snap = self._snapshot(image, accel)
+            except KvmUnusable:
+                raise
+            except InfraError as exc:  # no snapshot, no restore: straight to the cold boot
+                reasons.append(_say_fallback(f"no golden snapshot ({exc})", "cold booting instead"))
+                ways = []
+        for i, way in enumerate(ways):
+            try:
+                if way == "template":
+                    self._restore_template(image, accel, snap)
+                else:
+                    self._restore_full(image, accel, snap)
+                return way, "; ".join(reasons) or None
             except KvmUnusable:
                 raise
             except InfraError as exc:
-                log.info("snapshot restore failed (%s); cold booting instead", exc)
                 self._stop_qemu()
+                then = f"trying the {ways[i + 1]} restore" if i + 1 < len(ways) else "cold booting instead"
+                reasons.append(_say_fallback(f"{way} restore failed ({exc})", then))
         self._cold(image, accel)
-        return False
+        return "cold", "; ".join(reasons) or None
 
-    def _restore(self, image: BuiltImage, accel: str, snap: Path) -> None:
+    def _snapshot(self, image: BuiltImage, accel: str) -> Path:
+        """The golden snapshot to restore from: the one given, else the cache's (made if missing)."""
+        if self.snapshot_dir is None:
+            return ensure_snapshot(image, accel)
+        missing = [f for f in FILES if not (self.snapshot_dir / f).is_file()]
+        if missing:
+            raise VMError(f"{self.snapshot_dir} lacks {', '.join(missing)}")
+        return self.snapshot_dir
+
+    def _restore_template(self, image: BuiltImage, accel: str, snap: Path) -> None:
+        """RAM: the template file, copy-on-write; only the small device state is read."""
         assert self._dir is not None
-        overlay = self._dir / "overlay.qcow2"
-        make_overlay(snap / "frozen.qcow2", overlay)
+        overlay = self._fresh_overlay(snap / "frozen.qcow2")
         self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True)
         # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
         # completed, sent after the run state is set), so the wait reads one event
@@ -153,20 +215,23 @@ class Sandbox:
         q.cmd("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": True},
                                                         {"capability": "events", "state": True}])
         q.qmp.clear_events()
-        q.cmd("migrate-incoming", uri=f"exec:cat {snap / 'device.state'}")
-        deadline = time.monotonic() + 30
+        q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(snap / 'device.state'))}")
+        q.wait_migration(30, "loading device.state")
+        self._resume(q)
 
-        def restored() -> bool:
-            try:
-                status = q.migration_event(min(0.5, max(0.01, deadline - time.monotonic())))
-            except VMError:  # QEMU exited
-                raise VMError(f"restore did not complete (status exited): {q.log_tail()}") from None
-            if status in ("failed", "cancelled"):
-                raise VMError(f"restore did not complete (migration {status}): {q.log_tail()}")
-            return status == "completed"
+    def _restore_full(self, image: BuiltImage, accel: str, snap: Path) -> None:
+        """RAM: anonymous, filled from the whole saved VM; needs nothing of the template's RAM file."""
+        assert self._dir is not None
+        overlay = self._fresh_overlay(snap / "frozen.qcow2")
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, True)
+        q.cmd("migrate-set-capabilities", capabilities=[{"capability": "events", "state": True}])
+        q.qmp.clear_events()
+        q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(snap / 'full.state'))}")
+        q.wait_migration(60, "loading full.state")
+        self._resume(q)
 
-        wait_until(restored, 30, "the snapshot restore", interval=0, error=VMError,
-                   message=lambda: f"restore did not complete (status {q.status()}): {q.log_tail()}")
+    def _resume(self, q: Qemu) -> None:
+        """Run the restored guest (it was saved paused) and wait for its shell, clock set."""
         if q.status() != "running":
             q.cmd("cont")
         self._serial = SerialGuest(str(q.console_path), q.forwards)
@@ -175,12 +240,18 @@ class Sandbox:
         if q.status() == "internal-error":
             raise KvmUnusable("the restored guest stopped with KVM internal error")
 
-    def _cold(self, image: BuiltImage, accel: str) -> None:
+    def _fresh_overlay(self, backing: Path) -> Path:
+        """A new disk overlay on ``backing`` (a failed way before may have left one)."""
         assert self._dir is not None
         overlay = self._dir / "overlay.qcow2"
         with contextlib.suppress(FileNotFoundError):
             overlay.unlink()
-        make_overlay(image.base, overlay)
+        make_overlay(backing, overlay)
+        return overlay
+
+    def _cold(self, image: BuiltImage, accel: str) -> None:
+        overlay = self._fresh_overlay(image.base)
+        assert self._dir is not None
         self._q = q = Qemu(image, overlay, accel, self._dir, None, False)
         self._serial = wait_for_shell(q, BOOT_TIMEOUT)
         self.shell_s = time.monotonic() - q.started

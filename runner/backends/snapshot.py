@@ -1,12 +1,22 @@
 """Golden snapshots: one cold boot per image, saved as a VM template every sandbox restores from.
 
 Fast reset is VM templating: the golden boot runs with its RAM in a shared
-file, its device state is migrated to a small file (``x-ignore-shared``
-keeps RAM out of it), and its disk overlay is frozen. Each sandbox maps the
-RAM file copy-on-write, makes a new overlay on the frozen disk and resumes
-from the device state, so a shell answers in a fraction of a second instead
-of a 25 s TCG boot. Nothing writes the template after the golden boot: its
-files are made read-only.
+file (``template.ram``), its device state is migrated to a small file
+(``device.state``; ``x-ignore-shared`` keeps RAM out of it), and its disk
+overlay is frozen (``frozen.qcow2``). Each sandbox maps the RAM file
+copy-on-write, makes a new overlay on the frozen disk and resumes from the
+device state, so a shell answers in a fraction of a second instead of a 25 s
+TCG boot.
+
+The snapshot also keeps the whole VM in one ordinary migration stream, RAM
+included (``full.state``, ~200 MB): the second way in when a template
+restore fails, loaded into anonymous RAM (about a second), before a cold boot.
+QEMU refuses a second ``migrate`` from a source a first one has completed, so
+it is saved by a second QEMU: the template restored, kept paused (``-S``),
+migrated on. That also proves the template restores before it is published.
+
+Nothing writes a snapshot after it is made: its files are read-only, and the
+directory's name keys everything a saved state depends on.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +32,7 @@ from pathlib import Path
 from runner.backends.cachedir import cache_dir, file_lock
 from runner.backends.framing import helper_digest
 from runner.backends.images import BuiltImage
-from runner.backends.qemu import KvmUnusable, Qemu, make_overlay, qemu_version
+from runner.backends.qemu import KvmUnusable, Qemu, machine_digest, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
 from runner.core.errors import GuestDown, VMError
 from runner.core.guest import Guest
@@ -30,7 +41,10 @@ from runner.core.waiting import wait_until
 log = logging.getLogger("rootbench.vm")
 BOOT_TIMEOUT = 240.0  # seconds from launch to a root shell, TCG on a busy 2-core host
 READY_TIMEOUT = 180.0  # seconds for systemd to finish starting units in the golden boot
-SNAPSHOT_VERSION = 3  # 3: taken only once systemd has no jobs left (2 could catch a unit still starting)
+# 3: taken only once systemd has no jobs left (2 could catch a unit still starting).
+# 4: adds full.state (the whole VM, for the fallback restore); the key hashes QEMU's command line.
+SNAPSHOT_VERSION = 4
+FILES = ("frozen.qcow2", "template.ram", "device.state", "full.state")  # all read-only once saved
 
 
 def wait_for_shell(q: Qemu, timeout: float) -> SerialGuest:
@@ -86,14 +100,16 @@ def wait_until_settled(guest: Guest, timeout: float) -> str:
 
 
 def snapshot_dir(image: BuiltImage, accel: str) -> Path:
-    # The guest helper runs inside the template, so its version is part of the key.
+    """Where the golden snapshot of ``image`` under ``accel`` lives; its name is its cache key."""
+    # The guest helper runs inside the template, so its version is part of the key; so is the
+    # rest of QEMU's command line (machine type, CPU model, devices): a state loads into no other.
     key = (f"{image.sha256[:16]}-qemu{qemu_version()}-{accel}-{image.memory_mib}m-v{SNAPSHOT_VERSION}"
-           f"-h{helper_digest()}")
+           f"-h{helper_digest()}-c{machine_digest(image, accel)}")
     return cache_dir("snapshots") / f"{image.name}-{key}"
 
 
 def _snapshot_ready(d: Path) -> bool:
-    return all((d / f).is_file() for f in ("frozen.qcow2", "template.ram", "device.state", "snapshot.json"))
+    return all((d / f).is_file() for f in (*FILES, "snapshot.json"))
 
 
 def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float) -> None:
@@ -113,22 +129,39 @@ def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float) -> None
                             {"capability": "events", "state": True}])
         q.cmd("stop")
         q.qmp.clear_events()
-        q.cmd("migrate", uri=f"exec:cat > {work / 'device.state'}")
-        deadline = time.monotonic() + 60
-
-        def why() -> str:
-            info = q.cmd("query-migrate") or {}
-            return f"saving the snapshot failed: {info.get('error-desc', info)}"
-
-        def saved() -> bool:
-            status = q.migration_event(min(0.5, max(0.01, deadline - time.monotonic())))
-            if status in ("failed", "cancelled"):
-                raise VMError(why())
-            return status == "completed"
-
-        wait_until(saved, 60, "saving the snapshot", interval=0, error=VMError, message=why)
+        q.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(work / 'device.state'))}")
+        q.wait_migration(60, "saving the snapshot")
     finally:
         q.stop()
+
+
+def _save_full_state(image: BuiltImage, accel: str, work: Path) -> None:
+    """Save ``full.state`` from the template just saved in ``work``: restored paused, migrated on.
+
+    The golden QEMU cannot do it (QEMU refuses to migrate a VM a completed
+    migration paused), and a ``cont`` in between would let the guest run and
+    the two states differ. This QEMU never runs the guest (``-S``) and maps
+    the RAM file copy-on-write, so the template is not written.
+    """
+    scratch = work / "full-state-source"
+    scratch.mkdir()
+    make_overlay(work / "frozen.qcow2", scratch / "overlay.qcow2")
+    q = Qemu(image, scratch / "overlay.qcow2", accel, scratch, (work / "template.ram", False), True,
+             paused=True)
+    try:
+        q.cmd("migrate-set-capabilities",
+              capabilities=[{"capability": "x-ignore-shared", "state": True},
+                            {"capability": "events", "state": True}])
+        q.qmp.clear_events()
+        q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(work / 'device.state'))}")
+        q.wait_migration(60, "restoring the new template")
+        q.cmd("migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": False}])
+        q.qmp.clear_events()
+        q.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(work / 'full.state'))}")
+        q.wait_migration(120, "saving the full state")
+    finally:
+        q.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def ensure_snapshot(image: BuiltImage, accel: str) -> Path:
@@ -146,10 +179,11 @@ def ensure_snapshot(image: BuiltImage, accel: str) -> Path:
         work.mkdir(parents=True, mode=0o700)
         try:
             _boot_and_save(image, accel, work, t0)
+            _save_full_state(image, accel, work)
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)  # a failed attempt leaves no 260 MB behind
+            shutil.rmtree(work, ignore_errors=True)  # a failed attempt leaves no 460 MB behind
             raise
-        for name in ("frozen.qcow2", "template.ram", "device.state"):
+        for name in FILES:
             os.chmod(work / name, 0o444)
         (work / "snapshot.json").write_text(json.dumps({
             "image": image.name, "image_sha256": image.sha256, "accel": accel,
