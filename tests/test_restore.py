@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,26 +38,34 @@ def snapshot(image: BuiltImage) -> Path:
     return ensure_snapshot(image, "tcg")
 
 
-def _copy(snapshot: Path, to: Path, damaged: tuple[str, ...] = ()) -> Path:
-    """A copy of ``snapshot`` in ``to`` whose ``damaged`` files are cut short (their first half, at
-    most 1 MiB: a migration stream that ends mid-section).
+@pytest.fixture
+def damaged_copy(snapshot: Path, tmp_path: Path) -> Iterator[Callable[[tuple[str, ...]], Path]]:
+    """Makes a copy of the cached snapshot whose given files are cut short (their first half, at
+    most 1 MiB: a migration stream that ends mid-section); removed after the test.
 
     The undamaged big files are hard links where the file system allows: the
     same read-only bytes every sandbox maps anyway, never written through. A
-    damaged file is a new file, so the cache is not touched.
+    damaged file is a new file, so the cache is not touched. The copy goes
+    when the test ends, so no link outlives it in pytest's kept folders.
     """
-    to.mkdir()
-    for name in FILES:
-        src, dst = snapshot / name, to / name
-        if name in damaged:
-            with src.open("rb") as fh:
-                dst.write_bytes(fh.read(min(src.stat().st_size // 2, 1 << 20)))
-            continue
-        try:
-            os.link(src, dst)
-        except OSError:  # the test's folder is on another file system
-            shutil.copyfile(src, dst)
-    return to
+    to = tmp_path / "snap"
+
+    def make(damaged: tuple[str, ...]) -> Path:
+        to.mkdir()
+        for name in FILES:
+            src, dst = snapshot / name, to / name
+            if name in damaged:
+                with src.open("rb") as fh:
+                    dst.write_bytes(fh.read(min(src.stat().st_size // 2, 1 << 20)))
+                continue
+            try:
+                os.link(src, dst)
+            except OSError:  # the test's folder is on another file system
+                shutil.copyfile(src, dst)
+        return to
+
+    yield make
+    shutil.rmtree(to, ignore_errors=True)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -79,9 +88,9 @@ def test_full_state_restore_gives_a_ready_guest(snapshot: Path, no_new_qemu: Non
 
 @pytest.mark.vm
 def test_a_damaged_template_falls_back_to_the_full_state(
-        snapshot: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        damaged_copy: Callable[[tuple[str, ...]], Path], caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch, no_new_qemu: None) -> None:
-    copy = _copy(snapshot, tmp_path / "snap", damaged=("device.state",))
+    copy = damaged_copy(("device.state",))
     monkeypatch.setattr(sandbox_module, "_told", set())  # this process has said nothing yet
     caplog.set_level(logging.DEBUG, logger="rootbench.vm")
     fallbacks = []
@@ -99,10 +108,10 @@ def test_a_damaged_template_falls_back_to_the_full_state(
 
 
 @pytest.mark.vm
-def test_cold_boot_when_both_restores_fail(snapshot: Path, tmp_path: Path,
+def test_cold_boot_when_both_restores_fail(damaged_copy: Callable[[tuple[str, ...]], Path],
                                            caplog: pytest.LogCaptureFixture,
                                            no_new_qemu: None) -> None:
-    copy = _copy(snapshot, tmp_path / "snap", damaged=("device.state", "full.state"))
+    copy = damaged_copy(("device.state", "full.state"))
     caplog.set_level(logging.DEBUG, logger="rootbench.vm")
     with Sandbox(accel="tcg", snapshot_dir=copy) as box:
         assert box.info.restore == "cold" and box.info.restored is False
