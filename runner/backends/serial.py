@@ -125,9 +125,13 @@ class SerialGuest(FramedGuest, Guest):
                 self._send("\x03")
                 time.sleep(0.05)
             now = time.time()
-            shell_clock = f"date -s @{now:.3f} >/dev/null 2>&1; " if set_clock else ""
-            self._send(f"\n{clock_line(now) if set_clock else ''}{ping(tokens[-1])}"
-                       f"{_SETUP}; {shell_clock}printf '%s%s\\n' RBSH {tokens[-1]}\n")
+            lines = f"{clock_line(now) if set_clock else ''}{ping(tokens[-1])}"
+            if not (idle and len(tokens) == 1):
+                # Every byte costs the guest an emulated UART access: a restored helper is
+                # asked alone first, and the shell's line follows only if it did not answer.
+                shell_clock = f"date -s @{now:.3f} >/dev/null 2>&1; " if set_clock else ""
+                lines = f"\n{lines}{_SETUP}; {shell_clock}printf '%s%s\\n' RBSH {tokens[-1]}\n"
+            self._send(lines)
             step = min(wait, max(deadline - time.monotonic(), 0.1))
             wait = min(wait * 2, 5.0)
             seen = self._expect([sync_re(tokens), sync_re(tokens, b"RBSH")], step)
