@@ -234,20 +234,22 @@ def test_two_rootbench_processes_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
-def test_soak_published_scenarios(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["serial", "ssh"])
+def test_soak_published_scenarios(tmp_path: Path, transport: str) -> None:
     rounds = int(os.environ.get("ROOTBENCH_SOAK_ROUNDS", "20"))
     image = ensure_image("debian-12-nginx")
     base_before = base_sha256(image)
     scenarios = [load_spec(SPECS / f"{n}.yaml") for n in ("rogue-port-80", "permission-403",
                                                           "nginx-config-syntax")]
     # One warm-up run first: connection pools and caches opened once are not leaks.
-    run_bench(scenarios[:1], AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto"),
+    run_bench(scenarios[:1], AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto", transport=transport),
               tmp_path / "warm-up")
     snapshot = snapshot_dir(image, choose_accel("auto"))  # made by the warm-up, if not before
     snapshot_before = snapshot_hashes(snapshot)
     fds_before = len(os.listdir("/proc/self/fd"))
     tmp_before = len(list(Path("/tmp").glob("rb-*")))
-    eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto", repeat=rounds),
+    eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel="auto", repeat=rounds,
+                                                                          transport=transport),
                     tmp_path / "soak")
     times = [e.seconds for e in eps]
     leaks = {"fds": len(os.listdir("/proc/self/fd")) - fds_before,
@@ -259,5 +261,5 @@ def test_soak_published_scenarios(tmp_path: Path) -> None:
     assert leaks == {"fds": 0, "qemu": 0, "socket dirs": 0}, leaks
     print(f"\nsoak: {len(eps)} runs, per run min {min(times):.1f}s / median "
           f"{statistics.median(times):.1f}s / max {max(times):.1f}s; leaks {leaks}; base image and snapshot unchanged")
-    _row(f"soak: 3 published x {rounds} rounds (oracle)", "no leaks, stable time",
+    _row(f"soak over {transport}: 3 published x {rounds} rounds (oracle)", "no leaks, stable time",
          f"min/median/max {min(times):.1f}/{statistics.median(times):.1f}/{max(times):.1f}s, leaks 0")
