@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flag_guest import FlagGuest
 
 from runner.app import html_report
 from runner.app.episodes import RunOptions, header
@@ -24,7 +25,6 @@ from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import PHASES, Episode, dominant_phase, run_episode
 from runner.core.errors import InvalidInput
-from runner.core.guest import CommandResult, Guest, HttpResult
 from runner.core.model import ScriptedModel
 from runner.core.outcomes import AgentKind, Flag, StopReason, Verdict
 from runner.core.paths import repo_root
@@ -51,38 +51,6 @@ SPEC = textwrap.dedent("""\
 """)
 
 
-class FlagGuest(Guest):
-    """A guest whose whole state is a set of flags; ``up`` False plays a guest the agent took down."""
-
-    def __init__(self, up: bool = True) -> None:
-        self.flags: set[str] = {"keep"}
-        self.up = up
-
-    def _run(self, command: str) -> CommandResult:
-        words = command.split()
-        if words[:1] == ["touch"]:
-            self.flags.update(words[1:])
-        elif words[:1] == ["rm"]:
-            self.flags.difference_update(w for w in words[1:] if not w.startswith("-"))
-        elif words[:2] == ["test", "-e"]:
-            return CommandResult(0 if words[2] in self.flags else 1, "", 0.01)
-        elif words[:1] == ["false"]:
-            return CommandResult(1, "no", 0.01)
-        return CommandResult(0, "", 0.01)
-
-    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
-        return self._run(command)
-
-    def run_clean(self, command: str, timeout: float) -> CommandResult:
-        return self._run(command)
-
-    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
-        return HttpResult(None, "", "no web server here")
-
-    def alive(self) -> bool:
-        return self.up
-
-
 def _scenario(tmp_path: Path, text: str = SPEC) -> Scenario:
     path = tmp_path / "flags.yaml"
     path.write_text(text)
@@ -96,7 +64,7 @@ def _record(tmp_path: Path, cassette: Path, *, restore: float | None = 1.25) -> 
     protocol = get_protocol("tools")
     with CassetteWriter(cassette) as writer:
         writer.write(header(scenario, model, protocol, "test", RunOptions(), 0, {}))
-        return run_episode(scenario, RecordingGuest(FlagGuest(), writer),
+        return run_episode(scenario, RecordingGuest(FlagGuest(flags=("keep",)), writer),
                            RecordingModel(model, writer), protocol, Clock(writer), writer,
                            track_fix=True, restore_seconds=restore)
 
@@ -159,7 +127,7 @@ def test_only_the_phases_that_began_are_kept(tmp_path: Path, edit: tuple[str, st
                                              up: bool, verdict: Verdict, ran: list[str]) -> None:
     scenario = _scenario(tmp_path, SPEC.replace(*edit) if edit else SPEC)
     model = ScriptedModel(AgentKind.ORACLE, list(scenario.solution), "done")
-    ep = run_episode(scenario, FlagGuest(up=up), model, get_protocol("tools"), Clock(), None)
+    ep = run_episode(scenario, FlagGuest(flags=("keep",), up=up), model, get_protocol("tools"), Clock(), None)
     assert ep.verdict is verdict, ep.reason
     assert list(ep.phases) == ran
     _timings_ok(ep.phases)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flag_guest import FlagGuest
 
 from runner.app import bench as bench_mod
 from runner.app import episodes as episodes_mod
@@ -27,7 +28,6 @@ from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode, weighted_score
 from runner.core.errors import InvalidInput
-from runner.core.guest import CommandResult, Guest, HttpResult
 from runner.core.model import ScriptedModel, oracle
 from runner.core.outcomes import AgentKind, ProbeOutcome, Verdict
 from runner.core.paths import repo_root
@@ -65,40 +65,6 @@ SPEC = textwrap.dedent("""\
         command: {run: test -e b}
     solution: [touch a, touch b]
 """)
-
-
-class FlagGuest(Guest):
-    """A guest whose whole state is a set of flags; enough for the loop, probes and recorder."""
-
-    def __init__(self) -> None:
-        self.flags: set[str] = set()
-
-    def _run(self, command: str) -> CommandResult:
-        words = command.split()
-        if words[:1] == ["sudo"]:
-            words = words[1:]
-        if words[:1] == ["touch"]:
-            self.flags.update(words[1:])
-        elif words[:1] == ["rm"]:
-            self.flags.difference_update(w for w in words[1:] if not w.startswith("-"))
-        elif words[:2] == ["test", "-e"]:
-            return CommandResult(0 if words[2] in self.flags else 1, "", 0.01)
-        elif words[:1] == ["ls"]:
-            out = " ".join(sorted(self.flags)) + ("" if "a" in self.flags else "\na is missing")
-            return CommandResult(0, out, 0.01)
-        return CommandResult(0, "", 0.01)
-
-    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
-        return self._run(command)
-
-    def run_clean(self, command: str, timeout: float) -> CommandResult:
-        return self._run(command)
-
-    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
-        return HttpResult(None, "", "no web server here")
-
-    def alive(self) -> bool:
-        return True
 
 
 class TaskSpy(ScriptedModel):
