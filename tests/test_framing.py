@@ -184,6 +184,23 @@ def test_a_command_that_kills_its_shell_loses_its_exit_code_not_the_channel(help
     assert helper.run("echo next").output == "next\n"
 
 
+def test_a_command_learns_no_sentinel_and_cannot_wedge_the_helper(helper: LocalHelper) -> None:
+    """Its script's path says nothing of the frame's sentinel; swapping its output file for a
+    FIFO or a symlink neither blocks the helper nor is followed."""
+    helper.n += 1
+    sentinel = f"secret{helper.n}"
+    helper.stdin.write(request_text('echo "$BASH_SOURCE"', 10, 1000, sentinel, False).encode())
+    helper.stdin.flush()
+    r = parse_frame(helper.stdout.readline(), sentinel, 0.0, 1000)
+    assert r is not None and r.exit_code == 0 and sentinel not in r.output
+    out = 'p=$BASHPID; o=$(readlink /proc/$p/fd/1); rm -f "$o"; '
+    r = helper.run(out + 'mkfifo "$o"; echo lost', timeout=5)
+    assert r.exit_code == 0 and "replaced its output file" in r.output and not r.timed_out
+    r = helper.run(out + 'ln -s /etc/hostname "$o"', timeout=5)
+    assert "replaced its output file" in r.output or r.output == ""
+    assert helper.run("echo fine").output == "fine\n"
+
+
 def test_stdin_is_empty_and_signals_python_ignores_are_restored(helper: LocalHelper) -> None:
     """``yes | head`` ends (SIGPIPE is back to its default) and ``cat`` reads nothing."""
     r = helper.run("yes | head -c 4; cat; echo end", timeout=10)

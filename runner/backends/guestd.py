@@ -41,6 +41,7 @@ import base64
 import os
 import select
 import signal
+import stat
 import sys
 import time
 
@@ -163,7 +164,10 @@ def _kill_group(pgid, sig):
 
 def run_command(zygote, sentinel, clean, timeout, cap, command):
     """Run one command; its frame line (bytes)."""
-    script, out = RB + "/c." + sentinel, RB + "/o." + sentinel
+    # Files named apart from the sentinel: a command can see its own script's path, and must
+    # not learn the sentinel from it (it could then forge its frame on the console).
+    name = os.urandom(8).hex()
+    script, out = RB + "/c." + name, RB + "/o." + name
     note = b""
     try:
         os.makedirs(RB, mode=0o700, exist_ok=True)  # an agent may have removed it
@@ -193,8 +197,7 @@ def run_command(zygote, sentinel, clean, timeout, cap, command):
     del RUNNING[:]
     zygote.reap()
     try:
-        with open(out, "rb") as f:
-            data = f.read(cap + 1)
+        data = _read_head(out, cap + 1)
     except OSError:
         data = b""
     for path in (out, script):
@@ -203,6 +206,25 @@ def run_command(zygote, sentinel, clean, timeout, cap, command):
         except OSError:
             pass
     return frame(sentinel, (data + note)[: cap + 1], rc, outcome)
+
+
+def _read_head(path, size):
+    """The first ``size`` bytes of the output file, if it still is one: a command may have
+    replaced it with a FIFO, a device or a symlink, which must neither block nor be followed."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b"[rootbench: the command replaced its output file]"
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _await_exit(zygote, pid, timeout):
