@@ -17,9 +17,9 @@ def qemu_pids() -> set[int]:
     return {int(p) for p in out.stdout.split()} - {os.getpid()}
 
 
-def qemu_children() -> set[int]:
-    """QEMU processes started by this very process (other rootbench runs are left alone)."""
-    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "qemu-system-x86_64"],
+def qemu_children(parent: int | None = None) -> set[int]:
+    """QEMU processes started by ``parent`` (default: this very process); other runs are left alone."""
+    out = subprocess.run(["pgrep", "-P", str(parent or os.getpid()), "-f", "qemu-system-x86_64"],
                          capture_output=True, text=True, timeout=10)
     return {int(p) for p in out.stdout.split()}
 

@@ -172,7 +172,6 @@ def test_no_orphan_qemu_when_rootbench_is_killed(image, tmp_path: Path) -> None:
             print(box.pid, flush=True)
             time.sleep(600)
     """)
-    before = qemu_pids()
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     pid = int(proc.stdout.readline())
@@ -182,5 +181,4 @@ def test_no_orphan_qemu_when_rootbench_is_killed(image, tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while pid in qemu_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert pid not in qemu_pids()
-    assert qemu_pids() <= before
+    assert pid not in qemu_pids()  # the one QEMU it started (others on the machine are not ours)
