@@ -198,6 +198,15 @@ def test_a_ladder_is_judged_by_its_first_tries_and_its_assist_by_the_lowest_pass
     assert "solved (any level)" in table and "| 2/3 " in table
 
 
+def test_in_a_ladder_run_a_scenario_passed_unaided_is_solved_at_level_0() -> None:
+    """It never climbed, but the run gave hints: solved 1/1 with assist 0, not "no hints"."""
+    eps = [_ep("a", "pass", 0, score=1.0, hint_level=0),
+           _ep("b", "fail", 0, score=0.0, hint_level=0), _ep("b", "pass", 0, score=1.0, hint_level=1)]
+    a, b = summarize(eps).scenarios
+    assert (a.solved, a.mean_assist) == (1, 0.0) and (b.solved, b.mean_assist) == (1, 1.0)
+    assert summarize(eps[:1]).scenarios[0].solved is None  # no hints anywhere: not a ladder
+
+
 def test_milestones_count_first_tries_and_time_to_fix_every_fixed_run() -> None:
     eps = [_ep("a", "fail", 0, hint_level=0, milestone_fraction=0.5),
            _ep("a", "pass", 0, hint_level=1, milestone_fraction=1.0, fixed_at={"turn": 2, "seconds": 30.0}),

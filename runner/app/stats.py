@@ -302,13 +302,16 @@ class Statistics:
 
 
 def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: float,
-             overall_k: dict[int, float] | None = None) -> Summary:
+             overall_k: dict[int, float] | None = None, hinted: bool | None = None) -> Summary:
+    """``hinted``: the run gave hints somewhere (a ladder scenario solved unaided then counts as
+    solved at level 0, not as "no hints given"); None decides from ``episodes`` alone."""
     every_scored = [e for e in episodes if e.verdict.scored]  # every hint level
     scored = first_tries(every_scored)
     passes = sum(e.verdict is Verdict.PASS for e in scored)
     n = len(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
-    hinted = any(assist_of(e) for e in every_scored)
+    if hinted is None:
+        hinted = any(assist_of(e) for e in every_scored)
     helped = [float(lv) for lv in assists(every_scored).values()
               if lv is not None] if hinted else []
     found = [f for f in (_number(e.milestone_fraction) for e in scored) if f is not None]
@@ -337,12 +340,13 @@ def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> St
     by: dict[str, list[Episode]] = {}
     for ep in episodes:
         by.setdefault(ep.scenario, []).append(ep)
-    per = [_summary(scenario, eps, confidence) for scenario, eps in by.items()]
+    hinted = any(assist_of(e) for e in episodes if e.verdict.scored)
+    per = [_summary(scenario, eps, confidence, hinted=hinted) for scenario, eps in by.items()]
     with_scores = [s for s in per if s.scored]  # overall pass@k: over scenarios with first tries
     k_max = min((s.scored for s in with_scores), default=0)
     overall_k = {k: float(np.mean([s.pass_at_k[k] for s in with_scores]))
                  for k in range(1, k_max + 1)}
-    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k))
+    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k, hinted))
 
 
 # --- two runs: a paired comparison -------------------------------------------------------------
