@@ -174,7 +174,8 @@ def _oracle_figures(accel: str) -> dict[str, Any]:
         # The guest's share: every exchange's duration, from the cassettes (host-side, so it
         # includes the channel's round trip, which command_rtt_ms says is small).
         guest = [[float(e["result"]["duration"]) for e in Cassette.load(p).events
-                  if e.get("type") == "guest" and isinstance(e.get("result"), dict)]
+                  if e.get("type") == "guest" and isinstance(e.get("result"), dict)
+                  and isinstance(e["result"].get("duration"), int | float)]  # an HTTP probe has none
                  for p in sorted((Path(tmp) / "oracle").rglob("*.jsonl"))]
     walls = [sum(ep.phases.values()) for ep in eps]
     out: dict[str, Any] = {"oracle_episode_s": round(statistics.median(walls), 2),
