@@ -33,6 +33,11 @@ def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
     # The ratios the targets are set on come from figures of the same run.
     assert figures["qemu_floor_s"] > 0 and figures["guest_spawn_ms"] > 0
     assert figures["restore_floor_ratio"] == round(figures["restore_ready_s"] / figures["qemu_floor_s"], 2)
+    # The restore in two parts that add up: QEMU's side and the guest's wake.
+    assert 0 < figures["restore_wake_s"] < figures["restore_ready_s"]
+    assert figures["restore_qemu_s"] > 0
+    assert figures["restore_qemu_floor_ratio"] == round(figures["restore_qemu_s"] / figures["qemu_floor_s"], 2)
+    assert figures["guest_daemon_reload_ms"] > 0
     assert figures["rtt_spawn_ratio"] == round(figures["command_rtt_ms"] / figures["guest_spawn_ms"], 2)
     # The oracle passes the three published scenarios, and the dominant phase is one of the six.
     assert figures["oracle_passes"] == 3 and figures["oracle_episode_s"] > 0

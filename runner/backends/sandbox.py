@@ -121,6 +121,9 @@ class Sandbox:
         self._serial: SerialGuest | None = None
         self._dir: Path | None = None
         self.shell_s = 0.0  # QEMU launch to the first command answered
+        # Of shell_s, the part after the restored guest was set running: the guest's own
+        # wake to its first answer (0.0 for a cold boot). What is left is QEMU's side.
+        self.wake_s = 0.0
 
     # lifecycle
     def __enter__(self) -> Sandbox:
@@ -234,9 +237,11 @@ class Sandbox:
         """Run the restored guest (it was saved paused) and wait for its shell, clock set."""
         if q.status() != "running":
             q.cmd("cont")
+        woken = time.monotonic()
         self._serial = SerialGuest(str(q.console_path), q.forwards)
         self._serial.sync(20, idle=True, set_clock=True)
         self.shell_s = time.monotonic() - q.started
+        self.wake_s = time.monotonic() - woken
         if q.status() == "internal-error":
             raise KvmUnusable("the restored guest stopped with KVM internal error")
 
