@@ -107,3 +107,46 @@ def test_replay_mismatch_names_turn_and_message(tmp_path: Path) -> None:
     reply = lenient.complete(ChatRequest(messages=[*msgs, {"role": "user", "content": "different"}]), 5)
     assert reply.message["tool_calls"][0]["function"]["name"] == "finish"
     assert lenient.mismatches and "turn 2" in lenient.mismatches[0]
+
+
+def _committed_events() -> list[dict]:
+    from runner.core.paths import repo_root
+    events: list[dict] = []
+    for p in sorted(find_cassettes([repo_root() / "recordings"]))[:40]:
+        events += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return events
+
+
+_COMMITTED = _committed_events()
+
+
+def _mutate(event: object, path: list, value: object, delete: bool) -> object:
+    """``event`` with the value at the end of ``path`` (as far as it leads) replaced or deleted."""
+    if not path or not isinstance(event, dict | list) or not event:
+        return value
+    if isinstance(event, dict):
+        key = sorted(event)[path[0] % len(event)]
+        out = dict(event)
+        if delete and len(path) == 1:
+            del out[key]
+        else:
+            out[key] = _mutate(event[key], path[1:], value, delete)
+        return out
+    i = path[0] % len(event)
+    return [*event[:i], _mutate(event[i], path[1:], value, delete), *event[i + 1:]]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 10**6), st.lists(st.integers(0, 50), min_size=1, max_size=4), _values, st.booleans())
+def test_the_compiled_validator_agrees_with_jsonschema(pick: int, path: list, value: object,
+                                                       delete: bool) -> None:
+    """A committed event with one field changed or removed: both validators say the same.
+
+    The compiled one (jsonschema-rs) decides on load; if it let through what the schema
+    forbids, replay would be handed an event it cannot rebuild.
+    """
+    from runner.core.cassette import _fast_validator, _validator
+    fast = _fast_validator()
+    assert fast is not None, "jsonschema-rs is a dependency; it must be installed"
+    event = _mutate(_COMMITTED[pick % len(_COMMITTED)], path, value, delete)
+    assert fast.is_valid(event) == _validator().is_valid(event), event

@@ -24,6 +24,11 @@ from typing import IO, Any
 
 import jsonschema
 
+try:  # compiled (Rust) validation of the same schema; jsonschema still describes what is wrong
+    import jsonschema_rs
+except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
+    jsonschema_rs = None
+
 from runner.core.errors import InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import repo_root
@@ -241,6 +246,9 @@ def _parse_event(line: str, where: str, lineno: int) -> dict[str, Any]:
     if not isinstance(event, dict):
         kind = "list" if isinstance(event, list) else type(event).__name__
         raise InvalidInput(f"an event is a JSON object, not a {kind}", path=where, line=lineno)
+    fast = _fast_verdict(event)
+    if fast:
+        return event
     try:
         error = jsonschema.exceptions.best_match(_validator().iter_errors(event))
     except RecursionError:
@@ -248,7 +256,20 @@ def _parse_event(line: str, where: str, lineno: int) -> dict[str, Any]:
     if error is not None:
         message, field = _describe(error, event)
         raise InvalidInput(message, path=where, line=lineno, field=field)
+    if fast is False:  # the two validators disagree: the stricter one decides
+        raise InvalidInput("does not match the cassette schema", path=where, line=lineno)
     return event
+
+
+def _fast_verdict(event: dict[str, Any]) -> bool | None:
+    """The compiled validator's yes or no; None if there is none or it could not tell."""
+    fast = _fast_validator()
+    if fast is None:
+        return None
+    try:
+        return bool(fast.is_valid(event))
+    except Exception:  # noqa: BLE001 - whatever it cannot take, the pure-Python validator judges
+        return None
 
 
 def _describe(error: jsonschema.ValidationError, event: dict[str, Any]) -> tuple[str, str]:
@@ -279,10 +300,27 @@ def _dotted(path: list[Any]) -> str:
 
 
 @functools.cache
-def _validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads((repo_root() / "schema" / "cassette.schema.json").read_text("utf-8"))
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((repo_root() / "schema" / "cassette.schema.json").read_text("utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return schema
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_schema())
+
+
+@functools.cache
+def _fast_validator() -> Any:
+    """The compiled validator, or None without jsonschema-rs.
+
+    Every line of every cassette is validated on load; the pure-Python validator
+    takes ~0.3 ms an event, most of an offline replay's time, the compiled one
+    ~100x less. It only says yes or no: a line it rejects is described by
+    :func:`_validator`, whose messages name the field.
+    """
+    return None if jsonschema_rs is None else jsonschema_rs.validator_for(_schema())
 
 
 def find_cassettes(paths: list[str | Path]) -> list[Path]:
