@@ -68,8 +68,6 @@ FLOORS: dict[str, tuple[str, tuple[str, ...]]] = {
                               ("verify_guest_share", "guest_daemon_reload_ms")),
 }
 PUBLISHED = ("rogue-port-80", "permission-403", "nginx-config-syntax")
-GUEST_SPAWN_COMMAND = ("TIMEFORMAT=%R; time (for i in " + " ".join(map(str, range(20)))
-                       + "; do /bin/true; done)")
 
 
 def _overlay_ms() -> float:
@@ -112,32 +110,32 @@ def _qemu_floor_s(accel: str) -> float:
     return round(statistics.median(times), 3)
 
 
-def _guest_systemctl_ms(box: Sandbox) -> float | None:
-    """What one ``systemctl is-active`` costs inside the guest: most probes and fixes are one."""
-    r = box.guest.exec("TIMEFORMAT=%R; time (for i in 1 2 3 4 5; do systemctl is-active ssh >/dev/null; done)", 60)
+def _guest_ms(box: Sandbox, command: str, runs: int = 1) -> float | None:
+    """Milliseconds per run of ``command`` run ``runs`` times in a row, timed inside the guest
+    by bash's ``time`` (so the channel's round trip is not in it); None if unreadable."""
+    # The numbers written out, not $(seq N): a seq would be one more process in the timing.
+    timed = command if runs == 1 else f"(for i in {' '.join(map(str, range(runs)))}; do {command}; done)"
+    r = box.guest.exec(f"TIMEFORMAT=%R; time {timed}", 60)
     try:
-        return float(r.output.strip().splitlines()[-1]) * 1000 / 5
+        return float(r.output.strip().splitlines()[-1]) * 1000 / runs
     except (ValueError, IndexError):
         return None
+
+
+def _guest_systemctl_ms(box: Sandbox) -> float | None:
+    """What one ``systemctl is-active`` costs inside the guest: most probes and fixes are one."""
+    return _guest_ms(box, "systemctl is-active ssh >/dev/null", 5)
 
 
 def _guest_daemon_reload_ms(box: Sandbox) -> float | None:
     """What one ``systemctl daemon-reload`` costs inside the guest: every scenario that adds a
     unit pays it in its setup, and many fixes pay it again."""
-    r = box.guest.exec("TIMEFORMAT=%R; time systemctl daemon-reload", 60)
-    try:
-        return float(r.output.strip().splitlines()[-1]) * 1000
-    except (ValueError, IndexError):
-        return None
+    return _guest_ms(box, "systemctl daemon-reload")
 
 
 def _guest_spawn_ms(box: Sandbox) -> float | None:
     """The guest's own cost of starting /bin/true, timed inside the guest (20 in a row)."""
-    r = box.guest.exec(GUEST_SPAWN_COMMAND, 60)
-    try:
-        return float(r.output.strip().splitlines()[-1]) * 1000 / 20
-    except (ValueError, IndexError):
-        return None
+    return _guest_ms(box, "/bin/true", 20)
 
 
 def _vm_figures(accel: str) -> dict[str, Any]:
@@ -200,17 +198,17 @@ def _vm_figures(accel: str) -> dict[str, Any]:
     return out
 
 
-def _guest_durations(cassette: Path) -> list[float]:
-    """Every guest exchange's duration in a cassette (host-side, so it includes the channel's
-    round trip, which command_rtt_ms says is small); an HTTP probe records none."""
-    return [float(e["result"]["duration"]) for e in Cassette.load(cassette).events
+def _guest_durations(events: list[dict[str, Any]]) -> list[float]:
+    """Every guest exchange's duration in a cassette's events (host-side, so it includes the
+    channel's round trip, which command_rtt_ms says is small); an HTTP probe records none."""
+    return [float(e["result"]["duration"]) for e in events
             if e.get("type") == "guest" and isinstance(e.get("result"), dict)
             and isinstance(e["result"].get("duration"), int | float)]
 
 
-def _episode_seconds(cassette: Path) -> float:
+def _episode_seconds(events: list[dict[str, Any]]) -> float:
     """The sum of an episode's phases, from its verdict line (0.0 if it has none)."""
-    for e in Cassette.load(cassette).events:
+    for e in events:
         if e.get("type") == "verdict" and isinstance(e.get("phases"), dict):
             return float(sum(v for v in e["phases"].values() if isinstance(v, int | float)))
     return 0.0
@@ -222,7 +220,8 @@ def _oracle_figures(accel: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rootbench-perf-") as tmp:
         eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel=accel),
                         Path(tmp) / "oracle")
-        guest = [_guest_durations(p) for p in sorted((Path(tmp) / "oracle").rglob("*.jsonl"))]
+        guest = [_guest_durations(Cassette.load(p).events)
+                 for p in sorted((Path(tmp) / "oracle").rglob("*.jsonl"))]
     walls = [sum(ep.phases.values()) for ep in eps]
     out: dict[str, Any] = {"oracle_episode_s": round(statistics.median(walls), 2),
                            "oracle_passes": sum(ep.verdict is Verdict.PASS for ep in eps)}
@@ -252,9 +251,9 @@ def _verify_figures(accel: str) -> dict[str, Any]:
         wall = time.monotonic() - t0
         # verify records each oracle episode (into recordings/oracle under its working
         # directory): how much of those episodes the guest spent running commands.
-        oracle = sorted((Path(tmp) / "recordings").rglob("*.jsonl"))
-        guest_s = sum(sum(_guest_durations(p)) for p in oracle)
-        episode_s = sum(_episode_seconds(p) for p in oracle)
+        oracle = [Cassette.load(p).events for p in sorted((Path(tmp) / "recordings").rglob("*.jsonl"))]
+        guest_s = sum(sum(_guest_durations(events)) for events in oracle)
+        episode_s = sum(_episode_seconds(events) for events in oracle)
     count = len(list((repo_root() / "specs").glob("*.yaml")))
     out: dict[str, Any] = {"verify_suite_s": round(wall, 1), "verify_scenarios": count,
                            "verify_per_scenario_s": round(wall / max(count, 1), 1),
