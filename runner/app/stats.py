@@ -302,16 +302,14 @@ class Statistics:
 
 
 def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: float,
-             overall_k: dict[int, float] | None = None, hinted: bool | None = None) -> Summary:
+             overall_k: dict[int, float] | None = None, *, hinted: bool) -> Summary:
     """``hinted``: the run gave hints somewhere (a ladder scenario solved unaided then counts as
-    solved at level 0, not as "no hints given"); None decides from ``episodes`` alone."""
+    solved at level 0, not as "no hints given"), decided over the whole run by the caller."""
     every_scored = [e for e in episodes if e.verdict.scored]  # every hint level
     scored = first_tries(every_scored)
     passes = sum(e.verdict is Verdict.PASS for e in scored)
     n = len(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
-    if hinted is None:
-        hinted = any(assist_of(e) for e in every_scored)
     helped = [float(lv) for lv in assists(every_scored).values()
               if lv is not None] if hinted else []
     found = [f for f in (_number(e.milestone_fraction) for e in scored) if f is not None]
@@ -346,7 +344,7 @@ def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> St
     k_max = min((s.scored for s in with_scores), default=0)
     overall_k = {k: float(np.mean([s.pass_at_k[k] for s in with_scores]))
                  for k in range(1, k_max + 1)}
-    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k, hinted))
+    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k, hinted=hinted))
 
 
 # --- two runs: a paired comparison -------------------------------------------------------------
