@@ -25,6 +25,7 @@ from runner.core.model import Model
 from runner.core.outcomes import StopReason, Verdict
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
+from runner.core.rules import CURRENT_RULES
 from runner.core.spec import Scenario, scenario_to_dict
 from runner.core.text import one_line
 
@@ -65,7 +66,7 @@ def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
         "image": sandbox, "model": model.fingerprint(), "agent": model.agent.value,
         "protocol": {"name": protocol.name, "reason": reason},
         "options": {"accel": opts.accel, "transport": opts.transport}, "round": round_,
-        "hint_level": hint_level, "track_fix": opts.track_fix,
+        "hint_level": hint_level, "track_fix": opts.track_fix, "rules": int(CURRENT_RULES),
     }
     seed = getattr(model, "seed", None)
     if isinstance(seed, int):

@@ -22,6 +22,7 @@ from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.outcomes import ReplayResult
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel, spec_change
+from runner.core.rules import Rules, rules_of
 from runner.core.spec import Scenario, scenario_from_dict
 from runner.core.text import one_line
 
@@ -60,6 +61,7 @@ class Replayable:
     protocol: Protocol
     hint_level: int = 0  # the header's (absent: 0, as before hints existed)
     track_fix: bool = False  # the header's (absent: off, as before fix tracking existed)
+    rules: Rules = Rules.V1  # the header's judging rules (absent: the first ones)
 
 
 def load_replayable(path: Path) -> Replayable:
@@ -84,7 +86,11 @@ def load_replayable(path: Path) -> Replayable:
     if not isinstance(track, bool):
         raise InvalidInput(f"must be true or false, not {track!r}", path=str(path), line=1,
                            field="header.track_fix")
-    return Replayable(cas, scenario, protocol, hint_level=level, track_fix=track)
+    try:
+        rules = rules_of(cas.header)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), path=str(path), line=1, field="header.rules") from None
+    return Replayable(cas, scenario, protocol, hint_level=level, track_fix=track, rules=rules)
 
 
 def unreadable(path: Path, exc: InvalidInput) -> ReplayOutcome:
@@ -213,9 +219,9 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
     if offline:
         assert guest is not None and clock is not None
         return run_episode(scenario, guest, model, rep.protocol, clock, None, round_=round_,
-                           hint_level=rep.hint_level, track_fix=rep.track_fix)
+                           hint_level=rep.hint_level, track_fix=rep.track_fix, rules=rep.rules)
     with Sandbox(scenario.image, accel=accel, transport=transport) as box:
         return run_episode(scenario, box.guest, model, rep.protocol, Clock(), None,
                            vm_killed=box.killed_externally, round_=round_,
                            hint_level=rep.hint_level, track_fix=rep.track_fix,
-                           restore_seconds=box.info.ready_s)
+                           restore_seconds=box.info.ready_s, rules=rep.rules)

@@ -45,6 +45,7 @@ from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, StopReason, Verd
 from runner.core.patterns import compile_pattern
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
+from runner.core.rules import CURRENT_RULES, Rules
 from runner.core.spec import Probe, Scenario, task_text
 from runner.core.text import clean_text, one_line
 
@@ -203,8 +204,10 @@ class _Loop:
     """The agent loop's state; a class only so the steps can share it."""
 
     def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
-                 clock: Clock, episode: Episode, *, track_fix: bool = False) -> None:
+                 clock: Clock, episode: Episode, *, track_fix: bool = False,
+                 rules: Rules = CURRENT_RULES) -> None:
         self.s = scenario
+        self.rules = rules
         self.guest = guest
         self.model = model
         self.protocol = protocol
@@ -334,7 +337,8 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
                 clock: Clock, writer: CassetteWriter | None = None, *,
                 vm_killed: Callable[[], bool] | None = None, round_: int = 0,
                 hint_level: int = 0, track_fix: bool = False,
-                restore_seconds: float | None = None) -> Episode:
+                restore_seconds: float | None = None,
+                rules: Rules = CURRENT_RULES) -> Episode:
     """Run one scenario end to end on a ready guest and return its verdict.
 
     ``vm_killed`` tells a VM killed from outside (the host's fault: infra-error)
@@ -345,7 +349,9 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     records it). ``restore_seconds`` is how long the caller's sandbox took to
     give a ready guest: it happened before this call, and is recorded as the
     first phase so the verdict line holds every phase (None: there was no
-    sandbox, as in an offline replay).
+    sandbox, as in an offline replay). ``rules`` are the judging rules
+    (:mod:`runner.core.rules`): a replay passes the ones its cassette was
+    recorded under.
     """
     t0 = time.monotonic()
     task_text(scenario, hint_level)  # a level the scenario has no hints for is refused at once
@@ -355,7 +361,7 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     if restore_seconds is not None:
         ep.phases["restore"] = round(max(restore_seconds, 0.0), 3)
     try:
-        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
+        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix, rules=rules)
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
             ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
@@ -395,7 +401,7 @@ def _grade(scenario: Scenario, ep: Episode) -> None:
 
 
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
-            ep: Episode, *, track_fix: bool = False) -> None:
+            ep: Episode, *, track_fix: bool = False, rules: Rules = CURRENT_RULES) -> None:
     """The steps after the restore, each timed under its name in :data:`PHASES`.
 
     A step that ends the run (the fault did not land, a setup command failed)
@@ -423,7 +429,8 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
             return
 
     with _phase(ep, "agent"):
-        loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix)
+        loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix,
+                     rules=rules)
         loop.run()
     with _phase(ep, "probes"):
         _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)
