@@ -42,7 +42,7 @@ bench: setup
 
 ## replay: the committed recordings, offline (no VM, no model); archived ones against the specs kept beside them
 replay: setup
-	$(RB) replay --offline recordings/oracle recordings/live $(ARGS)
+	$(RB) replay --offline recordings/oracle $(wildcard recordings/live/*/) $(ARGS)
 	@for a in recordings/archive/*/; do $(RB) replay --offline "$$a" --specs "$$a/specs" $(ARGS) || exit 1; done
 
 ## verify: prove every scenario valid on real VMs; oracle cassettes go to recordings/oracle

@@ -224,3 +224,32 @@ def test_mutating_one_field_of_a_good_spec(key: str, data: st.DataObject) -> Non
         scenario_from_text(yaml.safe_dump(spec), "fuzz.yaml")
     except InvalidInput as exc:
         assert "\n" not in str(exc)
+
+
+SHORTCUTS = textwrap.dedent("""\
+    shortcuts:
+      - name: start it by hand
+        kind: started-by-hand
+        why: nginx runs outside its unit, so a reboot loses it
+        commands: [nginx]
+      - name: start it by hand
+        kind: other
+        why: the same name twice
+        commands: ['true']
+""")
+
+
+def test_shortcuts_are_read_and_kept_out_of_the_cassette_header(tmp_path: Path) -> None:
+    one = SHORTCUTS.rsplit("  - name: start it by hand", 1)[0]
+    s = load_spec(_write(tmp_path, GOOD + one))
+    [cut] = s.shortcuts
+    assert (cut.name, str(cut.kind), cut.commands) == ("start it by hand", "started-by-hand", ("nginx",))
+    assert "shortcuts" not in scenario_to_dict(s)
+    assert scenario_from_dict(scenario_to_dict(s)).shortcuts == ()
+
+
+def test_shortcut_names_are_unique_and_kinds_known(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match=r"shortcuts\[1\]\.name: shortcut name 'start it by hand' is used twice"):
+        load_spec(_write(tmp_path, GOOD + SHORTCUTS))
+    with pytest.raises(InvalidInput, match=r"shortcuts"):
+        load_spec(_write(tmp_path, GOOD + SHORTCUTS.replace("kind: other", "kind: sneaky")))

@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,6 +94,40 @@ class Probe:
                    within=None if within is None else float(within), weight=float(weight))
 
 
+class ShortcutKind(str, Enum):
+    """The kinds of not-a-fix a scenario is proven against (see docs/validity.md)."""
+
+    SERVED_ELSEWHERE = "served-elsewhere"  # the expected answer comes from somewhere else
+    STARTED_BY_HAND = "started-by-hand"  # the program runs, but not through its unit
+    DOES_NOT_LAST = "does-not-last"  # passes once: a schedule that never fires, a dying process
+    WIDENED_PERMISSIONS = "widened-permissions"  # more access than needed instead of the right fix
+    RUN_AS_ROOT = "run-as-root"  # a daemon run as root instead of the right fix
+    DELETED_NOT_REPAIRED = "deleted-not-repaired"  # deleting or disabling instead of repairing
+    CLOBBERED_SYSTEM_FILE = "clobbered-system-file"  # a system file overwritten wholesale
+    IMPOSTOR_PROGRAM = "impostor-program"  # another program under the expected name
+    TAMPERED_TOOL = "tampered-tool"  # a tool the probes use replaced
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """A named command sequence that looks like a fix and is not: ``verify`` proves it fails.
+
+    A benchmark whose verdicts can be earned without the fix measures
+    nothing, so each scenario carries its author's own adversarial review:
+    every shortcut runs as a scripted agent on a real VM and must end
+    ``fail``. ``why`` says, for the reader of the spec, what is still broken.
+    """
+
+    name: str
+    kind: ShortcutKind
+    why: str
+    commands: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Milestone:
     """Evidence in the transcript that the agent found the cause: scored, never needed to pass.
@@ -159,6 +194,7 @@ class Scenario:
     spec_hash: str = ""
     hints: tuple[str, ...] = ()  # from vague to specific; level k gives the agent the first k
     milestones: tuple[Milestone, ...] = ()
+    shortcuts: tuple[Shortcut, ...] = ()  # what looks like a fix and is not; ``verify`` runs each
 
 
 HINTS_HEADING = "Hints:"
@@ -411,6 +447,7 @@ def scenario_from_text(text: str, where: str) -> Scenario:
     _check_regexes(data, where, lines)
     _check_urls(data, where, lines)
     _check_image(data, where, lines)
+    _check_shortcut_names(data, where, lines)
     budget = Budget(**(data.get("budget") or {}))
     return Scenario(
         id=data["id"], title=data["title"], image=data["image"], task=data["task"],
@@ -424,7 +461,21 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         milestones=tuple(Milestone(name=m["name"], command_matches=m.get("command_matches"),
                                    output_contains=m.get("output_contains"))
                          for m in data.get("milestones") or ()),
+        shortcuts=tuple(Shortcut(name=c["name"], kind=ShortcutKind(c["kind"]), why=c["why"],
+                                 commands=tuple(c["commands"]))
+                        for c in data.get("shortcuts") or ()),
     )
+
+
+def _check_shortcut_names(data: dict[str, Any], where: str, lines: dict[Any, int]) -> None:
+    """Shortcut names are unique: verify names each one's check and cassette by it."""
+    seen: set[str] = set()
+    for i, shortcut in enumerate(data.get("shortcuts") or ()):
+        if shortcut["name"] in seen:
+            raise InvalidInput(f"shortcut name {shortcut['name']!r} is used twice", path=where,
+                               line=_line_for(lines, ("shortcuts", i, "name")),
+                               field=f"shortcuts[{i}].name")
+        seen.add(shortcut["name"])
 
 
 def read_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
@@ -520,12 +571,15 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     Probes are written by :meth:`Probe.to_dict`, in the shape cassettes have
     always had, not as ``asdict`` would spell the typed kinds. ``hints`` and
     ``milestones`` are written only when the spec has some, so a spec without
-    them records exactly the header it did before they existed.
+    them records exactly the header it did before they existed. ``shortcuts``
+    are never written: a shortcut's run is a scripted agent whose commands
+    the cassette records like any agent's.
     """
-    out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=(), milestones=()))
+    out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=(), milestones=(),
+                                                 shortcuts=()))
     out["probes"] = [p.to_dict() for p in s.probes]
     out["invariants"] = [p.to_dict() for p in s.invariants]
-    del out["milestones"]
+    del out["milestones"], out["shortcuts"]  # a shortcut's run records its own commands
     if not s.hints:
         del out["hints"]
     if s.milestones:
