@@ -253,3 +253,10 @@ def test_shortcut_names_are_unique_and_kinds_known(tmp_path: Path) -> None:
         load_spec(_write(tmp_path, GOOD + SHORTCUTS))
     with pytest.raises(InvalidInput, match=r"shortcuts"):
         load_spec(_write(tmp_path, GOOD + SHORTCUTS.replace("kind: other", "kind: sneaky")))
+
+
+def test_every_committed_spec_is_proven_against_at_least_two_shortcuts() -> None:
+    """The adversarial review is part of a scenario: verify runs each shortcut and proves it fails."""
+    for spec in load_specs([repo_root() / "specs"]):
+        assert len(spec.shortcuts) >= 2, f"{spec.id} lists {len(spec.shortcuts)} shortcut(s)"
+        assert all(cut.why.strip() and cut.commands for cut in spec.shortcuts), spec.id
