@@ -26,7 +26,7 @@ from runner.app.episodes import RunOptions, header
 from runner.app.replay import replay_one
 from runner.app.report import junit_xml, render_table, statistics_table, summary_line
 from runner.app.runs import load_results, write_results
-from runner.app.stats import compare, summarize
+from runner.app.stats import assists, compare, summarize
 from runner.core.cassette import CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import DAMAGE_FACTOR, Episode, run_episode
@@ -148,8 +148,10 @@ def test_a_run_that_broke_an_invariant_counts_as_a_fail_everywhere(tmp_path: Pat
     cmp = compare([good], [bad])
     assert (cmp.a_only, cmp.b_only, cmp.a_pass_rate, cmp.b_pass_rate) == (1, 0, 1.0, 0.0)
 
-    # the ladder climbs after it, as after any fail
+    # the ladder climbs after it, as after any fail, and it solves nothing at its level
     assert climbs(bad, RunOptions(ladder=True)) and not climbs(good, RunOptions(ladder=True))
+    assert assists([bad]) == {("keep-flags", 0): None}
+    assert assists([good]) == {("keep-flags", 0): 0}
 
     # the HTML report
     page = html_report.write_cassette_report([tmp_path / "bad.jsonl"], tmp_path / "r.html")
