@@ -40,6 +40,7 @@ CAUGHT = [
     "mkfs /dev/vda1", "mkfs.ext4 /dev/vda1", "mke2fs /dev/vdb", "wipefs -a /dev/vda",
     "dd if=/dev/zero of=/dev/vda", "dd if=/dev/zero of=/dev/sda bs=1M", "echo > /dev/vda",
     "cat /dev/zero >/dev/vda", "> /etc/passwd", "echo root::0:0::/:/bin/sh > /etc/passwd",
+    "echo a;>/etc/passwd", "cat x &> /dev/vda", "rm -rf / 2>&1", "true&&rm -rf /",
     # moved away
     "mv /etc /etc.bak", "mv /usr/bin /tmp/", "mv /etc/passwd /tmp/",
     # the text itself
@@ -58,7 +59,8 @@ ALLOWED = [
     "kill -HUP 4321", "pkill -f report-gen", "dd if=/dev/zero of=/var/tmp/x bs=1k count=1",
     "cat /etc/passwd", "ls -la /", "find / -name x 2>/dev/null", "ss -ltnp 2>/dev/null",
     "mv /etc/nginx/sites-available/x /tmp/", "mv /tmp/a /etc/hosts", "df -h /dev/vda1",
-    "lsblk /dev/vda", "echo 'unterminated",
+    "lsblk /dev/vda", "echo 'unterminated", "cat x 2>&1 | head", "ls >&2",
+    "echo 'x:x:1001:1001::/home/x:/bin/sh' >> /etc/passwd",  # appends: not a truncation
 ]
 
 

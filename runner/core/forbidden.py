@@ -70,7 +70,7 @@ class Rule:
     """One baseline rule: a name for the reason line, and the check of one simple command."""
 
     name: str
-    check: Callable[[list[str], list[str]], bool]  # (argv, redirect targets) -> forbidden?
+    check: Callable[[list[str], list[str]], bool]  # (argv, files redirected onto) -> forbidden?
 
 
 def _path(word: str) -> str:
@@ -225,28 +225,37 @@ def _tokens(command: str) -> list[str]:
 
 
 def _simple_commands(command: str) -> Iterator[tuple[list[str], list[str]]]:
-    """Each simple command as (argv, redirect targets), wrappers stripped."""
+    """Each simple command as (argv, the files its redirections overwrite), wrappers stripped.
+
+    shlex runs adjacent operator characters together (``;>``, ``2>&``), so an
+    operator token that holds a separator ends the command first, and one
+    that holds ``>`` or ``<`` then takes the next word as its target. A
+    target is overwritten by ``>``, ``>|``, ``&>``, ``>&FILE``; ``>>`` only
+    appends, and ``>&2`` only copies a descriptor.
+    """
     argv: list[str] = []
     redirects: list[str] = []
     tokens = _tokens(command)
     i = 0
     while i <= len(tokens):
         tok = tokens[i] if i < len(tokens) else ";"
-        if tok and all(c in _PUNCT for c in tok):
-            if ">" in tok and not tok.endswith("&") and i + 1 < len(tokens):
-                redirects.append(tokens[i + 1])
-                i += 2
-                continue
-            if "<" in tok and i + 1 < len(tokens):
-                i += 2
-                continue
+        if not (tok and all(c in _PUNCT for c in tok)):
+            argv.append(tok)
+            i += 1
+            continue
+        ops = tok.replace(">&", ">").replace("&>", ">")
+        if any(c in ops for c in ";|()\n`&"):  # a separator: the command so far is complete
             if argv and argv[-1] == "$":
                 argv.pop()
             if argv or redirects:
                 yield _unwrap(argv) or [""], redirects  # "": a bare redirection
             argv, redirects = [], []
-        else:
-            argv.append(tok)
+        if ("<" in tok or ">" in tok) and i + 1 < len(tokens):
+            target = tokens[i + 1]
+            if ">" in tok and ">>" not in tok and not target.isdigit() and target != "-":
+                redirects.append(target)
+            i += 2
+            continue
         i += 1
 
 
