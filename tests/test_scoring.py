@@ -113,7 +113,6 @@ def test_hints_milestones_and_weights_load(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("milestone", "field", "line"), [
     ("{name: x, command_matches: '(?<=a)b'}", "milestones[0].command_matches", 11),
-    ("{name: x, command_matches: 'a', output_contains: 'b'}", "milestones[0]", 11),
     ("{name: x}", "milestones[0]", 11),
     ("{name: x, output_contains: ''}", "milestones[0].output_contains", 11),
     ("{name: x, output_contains: y, extra: 1}", "milestones[0]", 11),

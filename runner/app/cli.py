@@ -48,7 +48,16 @@ from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unr
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import load_results, new_run_dir
 from runner.app.signals import Interrupted, signals_raise
-from runner.app.verify import Verification, table_rows, verify_repeated
+from runner.app.verify import (
+    EPISODE_CHECKS,
+    ShortcutRun,
+    Verification,
+    add_shortcuts,
+    json_rows,
+    table_rows,
+    verify_repeated,
+    verify_shortcut,
+)
 from runner.backends.cachedir import cache_root
 from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
@@ -103,7 +112,8 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agent", choices=[a.value for a in AgentKind], default="model",
+    p.add_argument("--agent", choices=[a.value for a in AgentKind if a is not AgentKind.SCRIPTED],
+                   default="model",
                    help="who acts: a model, the scenario's solution, or nobody")
     p.add_argument("--model", action="append", metavar="NAME",
                    help=f"named model (default {DEFAULT_MODEL}); several: a matrix, one model "
@@ -194,10 +204,12 @@ def _parser() -> argparse.ArgumentParser:
     _format_arg(p)
     _vm_args(p)
 
-    p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle passes)")
+    p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle "
+                                      "passes, every shortcut fails)")
     p.add_argument("paths", nargs="*")
     p.add_argument("--record-to", default="recordings/oracle",
-                   help="where the oracle cassettes go (default recordings/oracle)")
+                   help="where the oracle cassettes go (default recordings/oracle); each "
+                        "shortcut's goes to shortcuts/<scenario-id>/<shortcut>.jsonl under it")
     _jobs_arg(p, "scenarios verified side by side, each in its own child process and VM "
                  "(auto: from cores and free memory)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -530,35 +542,59 @@ def cmd_verify(args: argparse.Namespace) -> int:
         jobs, why = auto_jobs()
         vlog.info("--jobs auto: %s", why)
     found: dict[int, Verification] = {}
-    # The bench's machinery: one scenario's checks per job, at most `jobs` at once (each in a
-    # child process of its own when there are several), results gathered here in order.
+    shortcuts: dict[tuple[int, int], ShortcutRun] = {}
+    # The bench's machinery: one scenario's noop and oracle checks per job, and one job per
+    # shortcut, at most `jobs` at once (each in a child process of its own when there are
+    # several), results gathered here in order.
     with signals_raise(), make_local(jobs) as pool, pool.cancelling():
         for i, s in enumerate(scenarios):
             check = functools.partial(verify_repeated, accel=args.accel,
                                       transport=args.transport, record_to=record_to)
             pool.submit(i, check, (s, run_dir, args.repeat),
                         timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack))
+            for j in range(len(s.shortcuts)):
+                one = functools.partial(verify_shortcut, accel=args.accel,
+                                        transport=args.transport, record_to=record_to)
+                pool.submit((i, j), one, (s, j, run_dir, args.repeat),
+                            timeout=args.repeat * (2 * s.budget.seconds + pool.setup_slack))
         while pool.busy:
             done = pool.next_done(1.0)
             if done is None:
                 continue
-            s = scenarios[int(done.key)]  # type: ignore[call-overload]
             if done.error is not None and not isinstance(done.error, WorkerLost):
                 raise done.error
+            if isinstance(done.key, tuple):
+                i, j = done.key
+                sc = scenarios[i].shortcuts[j]
+                shortcuts[(i, j)] = done.value if done.error is None else ShortcutRun(
+                    sc.name, sc.kind.value, None, "infra-error",
+                    f"infrastructure: {one_line(str(done.error))}")
+                continue
+            s = scenarios[int(done.key)]  # type: ignore[call-overload]
             v = done.value if done.error is None else Verification(
                 s.id, problems=[f"infrastructure: {one_line(str(done.error))}"])
-            vlog.info("%d/%d %s: %s (%.1fs)", len(found) + 1, len(scenarios), s.id,
-                      "valid" if v.valid else "INVALID: " + "; ".join(v.problems), v.seconds)
+            vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
+                      s.id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
+                      else "INVALID: " + "; ".join(v.problems), v.seconds)
             found[int(done.key)] = v  # type: ignore[call-overload]
     results = [found[i] for i in range(len(scenarios))]
-    # The report: every noop cassette in the run directory and every oracle cassette.
-    cassettes = dict.fromkeys(p.resolve() for p in [*sorted(run_dir.glob("*.jsonl")),
-                              *(Path(v.cassette) for v in results if v.cassette)] if p.is_file())
+    for i, (s, v) in enumerate(zip(scenarios, results, strict=True)):
+        add_shortcuts(v, [shortcuts[(i, j)] for j in range(len(s.shortcuts))])
+        rejected = sum(r.rejected is True for r in v.shortcuts)
+        vlog.info("%s: %s; %d of %d shortcuts rejected", s.id, "valid" if v.valid else "INVALID",
+                  rejected, len(v.shortcuts))
+    # The report: every noop cassette in the run directory, every oracle and shortcut cassette.
+    cassettes = dict.fromkeys(p.resolve() for p in [
+        *sorted(run_dir.glob("*.jsonl")), *(Path(v.cassette) for v in results if v.cassette),
+        *(Path(r.cassette) for v in results for r in v.shortcuts if r.cassette)] if p.is_file())
     report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
     if report is not None:
         vlog.info("report: %s", report)
-    headers, rows = table_rows(results)
-    _out(render_rows(headers, rows, args.format))
+    if args.format == "json":
+        _out(json.dumps(json_rows(results), indent=2))
+    else:
+        headers, rows = table_rows(results)
+        _out(render_rows(headers, rows, args.format))
     bad = [v for v in results if not v.valid]
     if args.format != "json":
         _out(f"\n{len(results) - len(bad)}/{len(results)} scenarios valid")

@@ -66,7 +66,7 @@ def _label(info: dict[str, Any], episodes: list[Episode]) -> str:
         kind, model = str(agent.get("kind", "?")), str(agent.get("model", ""))
     else:
         return "?"
-    return clean_text(kind if kind in ("oracle", "noop") or not model else f"{kind} {model}")
+    return clean_text(kind if kind in ("oracle", "noop", "scripted") or not model else f"{kind} {model}")
 
 
 def compare_runs(paths: Sequence[Path], confidence: float = CONFIDENCE) -> list[RunComparison]:

@@ -59,11 +59,17 @@ class Flag(_Word):
 
 
 class AgentKind(_Word):
-    """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
+    """Who acted: a real model, the scenario's reference solution, nobody, or one of its shortcuts.
+
+    ``scripted`` replays a spec's ``shortcuts:`` entry (commands that look
+    like a fix and are not) as ``verify`` runs it; it is no ``--agent``
+    choice, since a shortcut belongs to a scenario, not to a bench.
+    """
 
     MODEL = "model"
     ORACLE = "oracle"
     NOOP = "noop"
+    SCRIPTED = "scripted"
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:

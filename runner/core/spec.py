@@ -29,6 +29,7 @@ from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
+from runner.core.rules import CURRENT_RULES, Rules
 
 MAX_SPEC_BYTES = 256 * 1024
 PROBE_KINDS = tuple(KINDS)  # the spec keys that name a probe kind
@@ -132,24 +133,36 @@ class Shortcut:
 class Milestone:
     """Evidence in the transcript that the agent found the cause: scored, never needed to pass.
 
-    Exactly one of ``command_matches`` (an RE2 regex searched in each command
-    the agent ran) and ``output_contains`` (a substring of a command's output
-    as the agent saw it) is set. Milestones tell apart two failed runs: one
-    that never looked and one that found the cause but could not fix it.
+    ``command_matches`` (an RE2 regex searched in each command the agent
+    ran) and ``output_contains`` (a substring of a command's output as the
+    agent saw it): at least one is set, and when both are, both must hold on
+    the same command (it looked at the right thing, and saw it). Milestones
+    tell apart two failed runs: one that never looked and one that found the
+    cause but could not fix it.
+
+    From :attr:`Rules.V2` on, ``output_contains`` ignores the output of a
+    command whose own text holds the needle: ``echo 'Permission denied'``
+    prints it without having seen anything. Under :attr:`Rules.V1` (older
+    cassettes, which never give both fields) any output counts, as it did.
     """
 
     name: str
     command_matches: str | None = None
     output_contains: str | None = None
 
-    def reached_by(self, command: str, output: str) -> bool:
+    def reached_by(self, command: str, output: str, rules: Rules = CURRENT_RULES) -> bool:
         """Whether one agent command (and the output it got back) is this milestone's evidence."""
-        if self.command_matches is not None:
-            return compile_pattern(self.command_matches).search(command) is not None
-        return self.output_contains is not None and self.output_contains in output
+        if self.command_matches is not None and \
+                compile_pattern(self.command_matches).search(command) is None:
+            return False
+        if self.output_contains is None:
+            return self.command_matches is not None
+        if rules >= Rules.V2 and self.output_contains in command:
+            return False  # the command printed the needle itself: no evidence of looking
+        return self.output_contains in output
 
     def to_dict(self) -> dict[str, Any]:
-        """The milestone as a cassette header stores it (only the field it uses)."""
+        """The milestone as a cassette header stores it (only the fields it uses)."""
         out: dict[str, Any] = {"name": self.name}
         if self.command_matches is not None:
             out["command_matches"] = self.command_matches
@@ -169,8 +182,8 @@ class Milestone:
         if not isinstance(values[0], str) or any(v is not None and not isinstance(v, str)
                                                   for v in values[1:]):
             raise TypeError("a milestone's name and pattern must be strings")
-        if (values[1] is None) == (values[2] is None):
-            raise TypeError("a milestone needs exactly one of command_matches, output_contains")
+        if values[1] is None and values[2] is None:
+            raise TypeError("a milestone needs command_matches, output_contains or both")
         return cls(name=values[0], command_matches=values[1], output_contains=values[2])
 
 
