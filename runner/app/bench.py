@@ -107,7 +107,7 @@ def _from_recording(round_: int, level: int, recorded: Path,
         raise InvalidInput(f"the recorded cassette speaks protocol {spoken or '?'}, this run asks "
                            f"for {protocol}", path=str(recorded), field="header.protocol")
     cassette.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(recorded, cassette)
+    shutil.copyfile(recorded, cassette)  # a new file: the umask's mode, not the source's
     verdict = loaded.verdict or {}
     fields = set(Episode.__dataclass_fields__)
     ep = Episode(**{k: v for k, v in verdict.items() if k in fields})
@@ -441,7 +441,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
         if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
             folder = _folder(record_to, a)
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ep.cassette, folder / Path(ep.cassette).name)
+            shutil.copyfile(ep.cassette, folder / Path(ep.cassette).name)
         how = " (replayed from its recording)" if replayed else ""
         log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
                  f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS else "")
