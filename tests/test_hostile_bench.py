@@ -420,9 +420,9 @@ def test_a_refused_record_mode_none_leaves_no_run_directory(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("script,fragments", [
-    ("#!/bin/sh\nexit 1\n", ["exit code 1", "without writing a line"]),
+    ("#!/bin/sh\nexit 1\n", ["(code 1)", "without writing a line"]),
     ("#!/bin/sh\necho 'loading model' >&2\necho 'error: failed to load model' >&2\nexit 3\n",
-     ["exit code 3", "error: failed to load model", "loading model"]),
+     ["(code 3)", "error: failed to load model", "loading model"]),
     ("#!/bin/sh\nkill -9 $$\n", ["signal 9"]),
 ])
 def test_a_llama_server_that_exits_at_start_says_how(script: str, fragments: list[str],

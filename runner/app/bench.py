@@ -180,6 +180,8 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     """
     arms = list(arms) if arms else [Arm(choice, opts.protocol, opts.hints)]
     _, done = load_results(run_dir) if resume else ({}, [])
+    if resume:
+        _same_arms(run_dir, arms)
     plan = _Plan(scenarios, arms, opts, done, record_to, record_mode)
     plan.check(resume)  # before anything is made: a refused bench leaves no run directory
     executor = executor if executor is not None else InProcess()

@@ -308,7 +308,7 @@ class LlamaServer:
 def exit_detail(code: int, log_path: Path, offset: int = 0, lines: int = 3) -> str:
     """One line saying how llama-server ended at start: its exit code (or signal) and the last
     ``lines`` lines it wrote (from ``offset`` of its log), or that it wrote nothing."""
-    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    how = f"killed by signal {-code}" if code < 0 else f"code {code}"
     try:
         with log_path.open("rb") as fh:
             fh.seek(max(offset, log_path.stat().st_size - 8192))
