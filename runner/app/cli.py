@@ -23,14 +23,11 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
-
-import requests
 
 from runner import __version__
 from runner.app import atif, html_report, logs
 from runner.app.agents import AgentChoice
-from runner.app.bench import matrix, run_bench
+from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
@@ -46,7 +43,7 @@ from runner.app.perf import measure, render
 from runner.app.ray_executor import RayExecutor, reachable
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
-from runner.app.runs import load_results, new_run_dir
+from runner.app.runs import check_writable_dir, load_results, new_run_dir
 from runner.app.signals import Interrupted, signals_raise
 from runner.app.verify import (
     EPISODE_CHECKS,
@@ -68,6 +65,7 @@ from runner.backends.llama import (
     ensure_llama_server,
     fetch_model,
 )
+from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
 from runner.core.cassette import RecordMode, find_cassettes
@@ -79,6 +77,8 @@ from runner.core.spec import Scenario, check_specs, default_specs, load_spec, lo
 from runner.core.text import one_line, printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
+MAX_SEED = 2 ** 32 - 2  # llama-server's seeds are 32-bit; 2**32 - 1 asks it for a random one
+REACH_TIMEOUT = 5.0  # seconds an --endpoint has to answer before any work starts
 log = logging.getLogger("rootbench.cli")
 
 
@@ -351,15 +351,7 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     agent = AgentKind(args.agent)
     models: list[str] = args.model or [DEFAULT_MODEL]
     if args.endpoint is not None:
-        url = urlsplit(args.endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise InvalidInput(f"not an http(s) URL with a host: {args.endpoint!r}",
-                               field="--endpoint")
-        try:
-            url.port  # noqa: B018 - parsing the port is the check
-        except ValueError:
-            raise InvalidInput(f"the port is not a number from 1 to 65535: {args.endpoint!r}",
-                               field="--endpoint") from None
+        check_endpoint(args.endpoint)  # its form here; whether it answers, just before any work
     if args.model_file is not None:
         if not Path(args.model_file).is_file():
             raise InvalidInput("no such file", path=args.model_file, field="--model-file")
@@ -383,6 +375,15 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     _number(args.max_tokens, "--max-tokens", 1, 1 << 20)
     _number(args.ctx_size, "--ctx-size", 512, 1 << 22)
     _number(args.repeat, "--repeat", 1, 10_000)
+    # Round r samples with seed SEED+r; llama-server's seed is 32 bits and its largest value
+    # (0xFFFFFFFF) means "random", so every round's seed must be below it.
+    top = MAX_SEED - (args.repeat - 1 if 1 <= args.repeat <= 10_000 else 0)
+    if not 0 <= args.seed <= top:
+        rounds = f"; with --repeat {args.repeat} (seeds SEED to SEED+{args.repeat - 1}) at most " \
+                 f"{top}" if top != MAX_SEED else ""
+        raise InvalidInput(f"must be a number from 0 to {MAX_SEED} (llama-server's seeds are "
+                           f"32-bit; {MAX_SEED + 1} asks it for a random one){rounds}, not "
+                           f"{args.seed}", field="--seed")
     for hints in args.hints or [0]:
         _number(hints, "--hints", 0, 100)
     if args.ladder and any(args.hints or []):
@@ -406,10 +407,9 @@ def _server_slots(choices: list[AgentChoice]) -> int | None:
     endpoint = next((c.endpoint for c in choices if c.kind is AgentKind.MODEL and c.endpoint), None)
     if endpoint is None:
         return None
-    with contextlib.suppress(requests.RequestException, ValueError, TypeError):
-        slots = requests.get(f"{endpoint.rstrip('/')}/props", timeout=3).json().get("total_slots")
-        if isinstance(slots, int) and slots > 0:
-            return slots
+    slots = server_props(endpoint, timeout=3).get("total_slots")  # {} unless a JSON object
+    if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= MAX_JOBS:
+        return slots
     return None
 
 
@@ -434,12 +434,33 @@ def _model_mib(choice: AgentChoice) -> int:
     return size // (1 << 20) + 512
 
 
+def _preflight(args: argparse.Namespace, choices: list[AgentChoice], scenarios: list[Scenario],
+               arms: list[Arm], opts: RunOptions, resume: Path | None) -> None:
+    """Everything a bench could be refused for, before any work: no run directory is made, no
+    VM restored, no model asked until every path it writes is writable, a resume matches its
+    run, every recording ``--record-mode none`` needs is there, and the endpoint answers."""
+    if resume is not None:
+        check_writable_dir(resume, "--resume")
+    else:
+        check_writable_dir(Path(args.runs_dir), "--runs-dir")
+    record_to = Path(args.record_to) if args.record_to else None
+    if record_to is not None:
+        check_writable_dir(record_to, "--record-to")
+    check_bench(scenarios, arms, opts, resume=resume, record_to=record_to,
+                record_mode=RecordMode(args.record_mode))
+    if args.record_mode != RecordMode.NONE.value:  # none replays only: no server is asked
+        for endpoint in dict.fromkeys(c.endpoint for c in choices
+                                      if c.kind is AgentKind.MODEL and c.endpoint):
+            check_reachable(endpoint, REACH_TIMEOUT)
+
+
 def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | None) -> int:
     choices = _choices(args)
     arms = matrix(choices, args.protocol or ["auto"], args.hints or [0])
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol=arms[0].protocol,
                       repeat=args.repeat, hints=arms[0].hints, ladder=args.ladder,
                       track_fix=args.track_fix)
+    _preflight(args, choices, scenarios, arms, opts, resume)
     label = choices[0].label() if len(arms) == 1 else "-".join(
         dict.fromkeys(c.label() for c in choices)) + "-matrix"
     run_dir = resume or new_run_dir(Path(args.runs_dir), label)
@@ -482,9 +503,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise InvalidInput("not a run directory (no run.json)", path=str(resume),
                                field="--resume")
         load_results(resume)  # a damaged results.json is reported before anything runs
-    scenarios = load_specs(_spec_paths(args.paths))
-    if args.only:
-        scenarios = select(scenarios, args.only)
+    asked: list[Scenario] | None = None
+    if resume is None or args.paths or args.only:
+        asked = load_specs(_spec_paths(args.paths))
+        if args.only:
+            asked = select(asked, args.only)
+    # A resume finishes the run's own scenarios (a different selection is refused).
+    scenarios = resume_scenarios(resume, asked) if resume is not None else asked
+    assert scenarios is not None
     return _bench(args, scenarios, resume)
 
 

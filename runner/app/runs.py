@@ -63,12 +63,52 @@ def new_run_dir(base: Path, label: str) -> Path:
     return path
 
 
+def check_writable_dir(path: Path, flag: str) -> None:
+    """Refuse, before any work, a directory the command would write to but cannot.
+
+    ``path`` need not exist yet: then its nearest existing ancestor must be
+    a directory it can be made in. Tried for real (a temporary file made and
+    removed), since permission bits say nothing to root or of a read-only
+    mount. One line naming the flag, :class:`InvalidInput`.
+    """
+    path = Path(path)
+    where = path
+    try:
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if not where.is_dir():
+            what = "is not a directory" if where == path else f"is under {where}, not a directory"
+            raise InvalidInput(f"{path} {what}", field=flag)
+        with tempfile.TemporaryFile(dir=where, prefix=".rootbench-write-check-"):
+            pass
+    except OSError as exc:
+        raise InvalidInput(f"cannot write in {where}: {exc.strerror or exc}", field=flag) from None
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux says it in /proc), else set back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half.
+
+    The file gets the mode any new file gets (0666 less the umask), as the
+    cassettes do: the temporary file it is renamed from is made 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

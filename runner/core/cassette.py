@@ -29,7 +29,7 @@ try:  # compiled (Rust) validation of the same schema; jsonschema still describe
 except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
     jsonschema_rs = None
 
-from runner.core.errors import InvalidInput
+from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import repo_root
 
@@ -77,8 +77,22 @@ def scrub(obj: Any, secrets: list[str] | None = None) -> Any:
     return obj
 
 
+class UnrecordableEvent(InfraError):
+    """An event JSON cannot hold (NaN, Infinity, an integer too long to write) was refused.
+
+    Writing it would make the whole cassette unreadable to every strict JSON
+    reader (ours included), losing what was recorded before it. The event is
+    not written; the episode ends ``infra-error`` with this reason, and the
+    cassette keeps every line before it.
+    """
+
+
 class CassetteWriter:
-    """Appends events to ``path`` (as ``path.partial`` until :meth:`close`)."""
+    """Appends events to ``path`` (as ``path.partial`` until :meth:`close`).
+
+    Each event is written as strict JSON: a value JSON has no spelling for is
+    :class:`UnrecordableEvent`, raised before anything of it is written.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -91,7 +105,13 @@ class CassetteWriter:
     def write(self, event: dict[str, Any]) -> None:
         if self._file is None:
             raise RuntimeError("cassette already closed")
-        line = json.dumps(scrub(event, self._secrets), ensure_ascii=False, default=str)
+        try:
+            line = json.dumps(scrub(event, self._secrets), ensure_ascii=False, default=str,
+                              allow_nan=False)
+        except (ValueError, RecursionError) as exc:
+            kind = event.get("type", "?") if isinstance(event, dict) else "?"
+            raise UnrecordableEvent(f"a {kind!r} event was not recorded: it holds a value JSON "
+                                    f"cannot hold ({str(exc)[:100]})") from None
         self._file.write(line + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -340,12 +341,31 @@ class _Loop:
         seconds = at - self.first_command_at - self.tracking_seconds
         self.ep.fixed_at = {"turn": self.last_command_turn, "seconds": round(max(seconds, 0.0), 3)}
 
-    def _count_usage(self, usage: dict[str, Any]) -> None:
-        self.ep.tokens_in += int(usage.get("prompt_tokens") or 0)
-        self.ep.tokens_out += int(usage.get("completion_tokens") or 0)
-        self.ep.tokens_cached += int(usage.get("cached_tokens") or 0)
-        self.ep.prompt_ms += float(usage.get("prompt_ms") or 0.0)
-        self.ep.gen_ms += float(usage.get("predicted_ms") or 0.0)
+    def _count_usage(self, usage: Mapping[str, Any]) -> None:
+        """Add a reply's usage to the run's figures, each only if it is a count it can be.
+
+        The live backend refuses a reply whose usage is not (see
+        runner.backends.openai._usage); this guard is for what reaches here
+        another way (a hand-edited cassette on replay): a figure that is not a
+        finite number from 0 to 2**53 is left out, never let through to the
+        verdict line, where it would make the cassette and results.json
+        unreadable.
+        """
+        self.ep.tokens_in += int(_figure(usage, "prompt_tokens"))
+        self.ep.tokens_out += int(_figure(usage, "completion_tokens"))
+        self.ep.tokens_cached += int(_figure(usage, "cached_tokens"))
+        self.ep.prompt_ms += float(_figure(usage, "prompt_ms"))
+        self.ep.gen_ms += float(_figure(usage, "predicted_ms"))
+
+
+def _figure(usage: Mapping[str, Any], key: str) -> float:
+    """``usage[key]`` if it is a finite number from 0 to 2**53 (not a bool), else 0."""
+    value = usage.get(key) if isinstance(usage, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, int) and not 0 <= value <= 2 ** 53:
+        return 0
+    return value if math.isfinite(value) and 0 <= value <= 2 ** 53 else 0
 
 
 def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
