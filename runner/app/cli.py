@@ -29,6 +29,9 @@ import requests
 
 from runner import __version__
 from runner.app import atif, html_report, logs
+from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
+from runner.app.agent_api import AgentRef
+from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
 from runner.app.bench import matrix, run_bench
 from runner.app.cache import entries, prune
@@ -103,8 +106,10 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agent", choices=[a.value for a in AgentKind], default="model",
-                   help="who acts: a model, the scenario's solution, or nobody")
+    p.add_argument("--agent", default="model", metavar="AGENT",
+                   help="who acts: model, oracle (the scenario's solution), noop (nobody), or "
+                        "an agent of yours: FILE.py:Class, package.module:Class or an installed "
+                        "agent's name (docs/agents.md)")
     p.add_argument("--model", action="append", metavar="NAME",
                    help=f"named model (default {DEFAULT_MODEL}); several: a matrix, one model "
                         "server at a time")
@@ -336,7 +341,7 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     """The agent flags, checked before any work is done (no image build, no VM, no server):
     one choice per ``--model`` (a matrix when there are several)."""
-    agent = AgentKind(args.agent)
+    agent, agent_ref = _agent_kind(args)
     models: list[str] = args.model or [DEFAULT_MODEL]
     if args.endpoint is not None:
         url = urlsplit(args.endpoint)
@@ -386,7 +391,21 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     return [AgentChoice(kind=agent, endpoint=args.endpoint, model=model,
                         model_file=args.model_file, llama_server=args.llama_server,
                         temperature=args.temperature, seed=args.seed,
-                        max_tokens=args.max_tokens, ctx_size=args.ctx_size) for model in models]
+                        max_tokens=args.max_tokens, ctx_size=args.ctx_size,
+                        agent_ref=agent_ref) for model in models]
+
+
+def _agent_kind(args: argparse.Namespace) -> tuple[AgentKind, AgentRef | None]:
+    """``--agent``: a built-in agent, or a user's agent class (imported now, so a missing file or
+    name is one line and exit 2 before any VM starts)."""
+    if args.agent in BUILTIN_AGENTS:
+        return AgentKind(args.agent), None
+    ref = resolve_agent(args.agent)
+    for protocol in args.protocol or []:
+        if protocol not in ("auto", "tools"):
+            raise InvalidInput(f"a Python agent's actions are recorded as tool calls: --protocol "
+                               f"{protocol} does not apply", field="--protocol")
+    return AgentKind.PYTHON, ref
 
 
 def _server_slots(choices: list[AgentChoice]) -> int | None:

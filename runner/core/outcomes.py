@@ -59,11 +59,13 @@ class Flag(_Word):
 
 
 class AgentKind(_Word):
-    """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
+    """Who acted: a real model, the scenario's reference solution, nobody, a user's agent, or a recording."""
 
     MODEL = "model"
     ORACLE = "oracle"
     NOOP = "noop"
+    PYTHON = "python"  # an agent class of the user's (--agent file.py:Name), through the bridge
+    MCP = "mcp"  # an outside agent, an MCP client of `rootbench mcp`
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:
