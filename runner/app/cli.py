@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import requests
 
 from runner import __version__
-from runner.app import atif, html_report, logs
+from runner.app import atif, html_report, logs, mcp_server
 from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
 from runner.app.agent_api import AgentRef
 from runner.app.agent_api import resolve as resolve_agent
@@ -183,6 +183,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-infra", type=int, default=0, metavar="N",
                    help="re-run infra-error runs up to N times")
     _agent_args(p)
+
+    p = sub.add_parser("mcp", help="serve one scenario to an outside agent as an MCP server "
+                                   "(stdio, or streamable HTTP with --http); docs/agents.md")
+    p.add_argument("spec", help="a spec file")
+    p.add_argument("--http", metavar="[HOST:]PORT",
+                   help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio)")
+    p.add_argument("--hints", type=int, default=0, metavar="K",
+                   help="give the task the scenario's first K hints")
+    p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
+                   help="re-run the success probes after each command (fixed_at, regressed)")
+    p.add_argument("--runs-dir", default="runs", help="where the run directory is made")
+    _vm_args(p)
 
     p = sub.add_parser("replay", help="replay recorded cassettes and compare verdicts")
     p.add_argument("paths", nargs="+", help="cassettes or directories of them")
@@ -495,6 +507,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _bench(args, scenarios, resume)
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise."""
+    mcp_server.check_available()
+    scenario = load_spec(args.spec)
+    _number(args.hints, "--hints", 0, 100)
+    level = min(args.hints, len(scenario.hints))  # capped at the hints it has, as in a bench
+    address = mcp_server.parse_http(args.http) if args.http else None
+    cache_root()
+    if address is None and not os.environ.get(mcp_server.DETACHED_ENV):
+        return mcp_server.detach(sys.argv[1:])  # see mcp_server.detach: judging outlives the client
+    opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
+                      hints=level, track_fix=args.track_fix)
+    host, port = address or ("", 0)
+    ep = mcp_server.serve(scenario, opts, Path(args.runs_dir), transport="http" if address else
+                          "stdio", host=host, port=port, hint_level=level)
+    return 0 if ep is not None and ep.verdict.scored else 1
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay each cassette and table the outcomes; 0 only if every one is ``same``.
 
@@ -737,7 +767,7 @@ COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench":
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
-            "compare": cmd_compare}
+            "compare": cmd_compare, "mcp": cmd_mcp}
 
 
 def _crash_log(exc: BaseException) -> Path | None:

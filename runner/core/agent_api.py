@@ -226,6 +226,13 @@ class BridgeModel(Model):
         text = one_line(f"{type(exc).__name__}: {exc}", 300)
         self._actions.put(_Finish(f"the agent raised {text}"))
 
+    def abandon(self, summary: str) -> None:
+        """The agent is gone (an MCP client disconnected): the loop's next reply is a finish with
+        ``summary``, so the machine is judged now rather than when the budget runs out."""
+        if self._over is None:
+            self._actions.put(_Finish(summary))
+        self._end("the agent has gone")
+
     def budget(self) -> Budget:
         with self._lock:
             left = max(self._deadline - time.monotonic(), 0.0)
