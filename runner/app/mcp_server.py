@@ -69,18 +69,22 @@ def _instructions(scenario: Scenario, hint_level: int) -> str:
             f"{int(b.seconds)} seconds, {int(b.command_timeout)} s per command.")
 
 
-class McpRun:
-    """One episode on its own thread: the loop waits in the bridge for the client's actions."""
+class EpisodeRun:
+    """One episode on its own thread: the loop waits in ``bridge`` for an outside agent's actions.
+
+    Shared by the MCP server and the Inspect sandbox: the cassette goes to
+    ``run_dir/cassettes`` and the verdict to ``run_dir/results.json``.
+    """
 
     def __init__(self, scenario: Scenario, opts: RunOptions, run_dir: Path, hint_level: int,
-                 transport: str) -> None:
+                 bridge: BridgeModel, agent_info: dict[str, Any]) -> None:
         self.scenario = scenario
         self.run_dir = run_dir
-        self.bridge = McpAgentModel("mcp-client", {"transport": transport})
+        self.bridge = bridge
         self.episode: Episode | None = None
         self.done = threading.Event()
         self.cassette = run_dir / "cassettes" / f"{scenario.id}.r0.jsonl"
-        self._info = {"agent": {"kind": AgentKind.MCP.value, "transport": transport},
+        self._info = {"agent": {"kind": bridge.agent.value, **agent_info},
                       "options": {"accel": opts.accel, "transport": opts.transport,
                                   "hints": hint_level, "track_fix": opts.track_fix},
                       "scenarios": [scenario.path]}
@@ -93,7 +97,8 @@ class McpRun:
     def _main(self, opts: RunOptions, hint_level: int) -> None:
         try:
             self.episode = run_one(self.scenario, self.bridge, get_protocol("tools"),
-                                   "an MCP client's tool calls", opts, self.cassette,
+                                   f"an outside agent's actions ({self.bridge.agent})", opts,
+                                   self.cassette,
                                    hint_level=hint_level)
             write_results(self.run_dir, self._info, [self.episode])
             ep = self.episode
@@ -112,7 +117,7 @@ class McpRun:
                            "flags": [f.value for f in ep.flags]})
 
 
-def _server(run: McpRun, instructions: str) -> Any:
+def _server(run: EpisodeRun, instructions: str) -> Any:
     """The MCP server: the two tools and the task prompt, all on the bridge."""
     import anyio
     from mcp.server import MCPServer
@@ -172,7 +177,9 @@ def serve(scenario: Scenario, opts: RunOptions, runs_dir: Path, *, transport: st
     import anyio
 
     run_dir = new_run_dir(runs_dir, f"mcp-{scenario.id}")
-    run = McpRun(scenario, opts, run_dir, hint_level, transport)
+    run = EpisodeRun(scenario, opts, run_dir, hint_level,
+                     McpAgentModel("mcp-client", {"transport": transport}),
+                     {"transport": transport})
     server = _server(run, _instructions(scenario, hint_level))
     log.info("run directory: %s", run_dir)
     run.start()

@@ -66,6 +66,7 @@ class AgentKind(_Word):
     NOOP = "noop"
     PYTHON = "python"  # an agent class of the user's (--agent file.py:Name), through the bridge
     MCP = "mcp"  # an outside agent, an MCP client of `rootbench mcp`
+    INSPECT = "inspect"  # an Inspect AI solver acting through the `rootbench` sandbox
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:
