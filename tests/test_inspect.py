@@ -52,6 +52,15 @@ def test_inspect_argv_becomes_one_shell_command() -> None:
         "cd /tmp && printf %s aGk= | base64 -d | X='1 2' cat 'a b'"
 
 
+def test_inspect_finds_the_task_and_sandbox_through_the_entry_point(tmp_path: Path) -> None:
+    r = subprocess.run([str(Path(sys.executable).parent / "inspect"), "eval", "runner/rootbench",
+                        "--model", "mockllm/model", "-T", "scenarios=no-such-scenario",
+                        "--log-dir", str(tmp_path), "--display", "plain"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0
+    assert "-T scenarios: no scenario with id 'no-such-scenario'" in r.stdout + r.stderr
+
+
 @pytest.mark.vm
 def test_the_oracle_as_bash_tool_calls_passes_and_the_log_opens_in_inspect_view(
         tmp_path: Path, image: Any) -> None:

@@ -2,9 +2,9 @@
 
 Installed with ``pip install 'rootbench[inspect]'``, which registers this
 module under Inspect's ``inspect_ai`` entry-point group, so Inspect finds
-the sandbox by name and the task as ``rootbench/rootbench``:
+the sandbox by name and the task as ``runner/rootbench``:
 
-    inspect eval rootbench/rootbench --model openai/gpt-4o-mini -T scenarios=nginx-stopped
+    inspect eval runner/rootbench --model openai/gpt-4o-mini -T scenarios=nginx-stopped
 
 Each sample gets a VM restored from the golden snapshot with the scenario's
 fault injected (``sample_init``); the solver's ``exec`` calls (Inspect's
@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import anyio
 from inspect_ai import Task, task
+from inspect_ai._util.package import get_installed_package_name
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, mean, scorer, stderr
 from inspect_ai.solver import TaskState, generate, system_message, use_tools
@@ -39,6 +41,7 @@ from runner.app.episodes import RunOptions
 from runner.app.mcp_server import JUDGE_WAIT, EpisodeRun
 from runner.app.runs import new_run_dir
 from runner.core.agent_api import BridgeModel, EpisodeOver
+from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
 from runner.core.protocol import BASE_PROMPT
@@ -178,7 +181,14 @@ def verdict() -> Any:
     return score
 
 
-@task
+# Inspect names an extension's task "<top-level package>/<name>" when the package is installed,
+# and plain "<name>" when it cannot tell (an editable install under another distribution name, as
+# rootbench's is: the package is `runner`). Named so it is `runner/rootbench` either way, which is
+# also the entry point's name, so `inspect eval runner/rootbench` finds it.
+TASK = "rootbench" if get_installed_package_name(sys.modules[__name__]) else "runner/rootbench"
+
+
+@task(name=TASK)
 def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int = 0,
               epochs: int = 1, accel: str = "auto", runs_dir: str = "runs") -> Task:
     """rootbench's scenarios as an Inspect task.
@@ -190,7 +200,10 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
     folders = [Path(specs)] if specs else default_specs()
     found = load_specs(folders)
     if scenarios:
-        found = select(found, [s.strip() for s in scenarios.split(",") if s.strip()])
+        try:
+            found = select(found, [s.strip() for s in scenarios.split(",") if s.strip()])
+        except InvalidInput as exc:
+            raise ValueError(f"-T scenarios: {exc.detail}") from None
     samples = [Sample(id=s.id, input=task_text(s, min(hints, len(s.hints))),
                       metadata={"rootbench_spec": str(s.path), "rootbench_hints": hints,
                                 "rootbench_accel": accel, "rootbench_runs_dir": runs_dir,
