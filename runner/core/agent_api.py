@@ -34,14 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from runner.core.episode import MODEL_CALL_CAP
 from runner.core.errors import ModelServerError
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.text import one_line
 
-# No single step of an outside agent may take longer than this (the loop's cap on one model
-# call, repeated here because episode.py imports this layer's siblings, not the other way).
-STEP_CAP = 300.0
+# No single step of an outside agent may take longer than the loop's cap on one model call.
+STEP_CAP = MODEL_CALL_CAP
 # Once the loop has the agent's command, how long past the time budget the agent may wait for
 # the output before it is told the episode is over: the command itself (up to the scenario's
 # command_timeout) plus fix tracking, which the loop does not charge to the agent.
