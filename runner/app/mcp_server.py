@@ -10,7 +10,8 @@ milestones, judging, the cassette and replay are the bundled loop's code.
 
 The episode ends, and the machine is judged, on ``finish``, when the budget
 runs out, or when the client disconnects (stdio: its stdin closes; streamable
-HTTP: it ends its session). The cassette and ``results.json`` go to a run
+HTTP: it ends its session with a DELETE, which a stateless protocol version has
+no occasion to send, so such a client is ended by the budget). The cassette and ``results.json`` go to a run
 directory as for ``rootbench run``, and the VM is torn down.
 
 Built on the official ``mcp`` SDK (``pip install 'rootbench[mcp]'``), imported
