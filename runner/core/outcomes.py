@@ -59,7 +59,7 @@ class Flag(_Word):
 
 
 class AgentKind(_Word):
-    """Who acted: a real model, the scenario's reference solution, nobody, a user's agent, or a recording."""
+    """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
 
     MODEL = "model"
     ORACLE = "oracle"
