@@ -15,7 +15,7 @@ ARGS ?=
 $(PY): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,mcp,inspect]'
 	@touch $(PY)
 
 ## setup: system packages (apt, when missing) and the Python environment; idempotent

@@ -25,7 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runner import __version__
-from runner.app import atif, html_report, logs
+from runner.app import atif, html_report, logs, mcp_server
+from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
+from runner.app.agent_api import AgentRef
+from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
 from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
@@ -112,9 +115,10 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agent", choices=[a.value for a in AgentKind if a is not AgentKind.SCRIPTED],
-                   default="model",
-                   help="who acts: a model, the scenario's solution, or nobody")
+    p.add_argument("--agent", default="model", metavar="AGENT",
+                   help="who acts: model, oracle (the scenario's solution), noop (nobody), or "
+                        "an agent of yours: FILE.py:Class, package.module:Class or an installed "
+                        "agent's name (docs/agents.md)")
     p.add_argument("--model", action="append", metavar="NAME",
                    help=f"named model (default {DEFAULT_MODEL}); several: a matrix, one model "
                         "server at a time")
@@ -188,6 +192,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-infra", type=int, default=0, metavar="N",
                    help="re-run infra-error runs up to N times")
     _agent_args(p)
+
+    p = sub.add_parser("mcp", help="serve one scenario to an outside agent as an MCP server "
+                                   "(stdio, or streamable HTTP with --http); docs/agents.md")
+    p.add_argument("spec", help="a spec file")
+    p.add_argument("--http", metavar="[HOST:]PORT",
+                   help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio)")
+    p.add_argument("--hints", type=int, default=0, metavar="K",
+                   help="give the task the scenario's first K hints")
+    p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
+                   help="re-run the success probes after each command (fixed_at, regressed)")
+    p.add_argument("--runs-dir", default="runs", help="where the run directory is made")
+    _vm_args(p)
 
     p = sub.add_parser("replay", help="replay recorded cassettes and compare verdicts")
     p.add_argument("paths", nargs="+", help="cassettes or directories of them")
@@ -348,7 +364,7 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     """The agent flags, checked before any work is done (no image build, no VM, no server):
     one choice per ``--model`` (a matrix when there are several)."""
-    agent = AgentKind(args.agent)
+    agent, agent_ref = _agent_kind(args)
     models: list[str] = args.model or [DEFAULT_MODEL]
     if args.endpoint is not None:
         check_endpoint(args.endpoint)  # its form here; whether it answers, just before any work
@@ -399,7 +415,21 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     return [AgentChoice(kind=agent, endpoint=args.endpoint, model=model,
                         model_file=args.model_file, llama_server=args.llama_server,
                         temperature=args.temperature, seed=args.seed,
-                        max_tokens=args.max_tokens, ctx_size=args.ctx_size) for model in models]
+                        max_tokens=args.max_tokens, ctx_size=args.ctx_size,
+                        agent_ref=agent_ref) for model in models]
+
+
+def _agent_kind(args: argparse.Namespace) -> tuple[AgentKind, AgentRef | None]:
+    """``--agent``: a built-in agent, or a user's agent class (imported now, so a missing file or
+    name is one line and exit 2 before any VM starts)."""
+    if args.agent in BUILTIN_AGENTS:
+        return AgentKind(args.agent), None
+    ref = resolve_agent(args.agent)
+    for protocol in args.protocol or []:
+        if protocol not in ("auto", "tools"):
+            raise InvalidInput(f"a Python agent's actions are recorded as tool calls: --protocol "
+                               f"{protocol} does not apply", field="--protocol")
+    return AgentKind.PYTHON, ref
 
 
 def _server_slots(choices: list[AgentChoice]) -> int | None:
@@ -512,6 +542,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     scenarios = resume_scenarios(resume, asked) if resume is not None else asked
     assert scenarios is not None
     return _bench(args, scenarios, resume)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise."""
+    mcp_server.check_available()
+    scenario = load_spec(args.spec)
+    _number(args.hints, "--hints", 0, 100)
+    level = min(args.hints, len(scenario.hints))  # capped at the hints it has, as in a bench
+    address = mcp_server.parse_http(args.http) if args.http else None
+    cache_root()
+    if address is None and not os.environ.get(mcp_server.DETACHED_ENV):
+        return mcp_server.detach(sys.argv[1:])  # see mcp_server.detach: judging outlives the client
+    opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
+                      hints=level, track_fix=args.track_fix)
+    host, port = address or ("", 0)
+    ep = mcp_server.serve(scenario, opts, Path(args.runs_dir), transport="http" if address else
+                          "stdio", host=host, port=port, hint_level=level)
+    return 0 if ep is not None and ep.verdict.scored else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -780,7 +828,7 @@ COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench":
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
-            "compare": cmd_compare}
+            "compare": cmd_compare, "mcp": cmd_mcp}
 
 
 def _crash_log(exc: BaseException) -> Path | None:

@@ -70,6 +70,9 @@ class AgentKind(_Word):
     ORACLE = "oracle"
     NOOP = "noop"
     SCRIPTED = "scripted"
+    PYTHON = "python"  # an agent class of the user's (--agent file.py:Name), through the bridge
+    MCP = "mcp"  # an outside agent, an MCP client of `rootbench mcp`
+    INSPECT = "inspect"  # an Inspect AI solver acting through the `rootbench` sandbox
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:
