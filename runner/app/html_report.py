@@ -37,7 +37,8 @@ import jinja2
 import markupsafe
 
 from runner import __version__
-from runner.app.runs import atomic_write, load_results
+from runner.app.outputs import share, write_error
+from runner.app.runs import atomic_write, load_results, results_file
 from runner.app.signals import Interrupted
 from runner.app.stats import wilson
 from runner.core.cassette import Cassette, digest
@@ -405,8 +406,7 @@ def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> Path | None:
 def load_run_dir(run_dir: Path | str) -> Run:
     """A bench's run directory: results.json, and each episode's cassette when it is there."""
     run_dir = Path(run_dir)
-    if not (run_dir / "results.json").is_file():
-        raise InvalidInput("not a run directory (no results.json)", path=str(run_dir))
+    results_file(run_dir)  # says what is there instead, when it is not a results file
     info, episodes = load_results(run_dir)
     run = Run(label=text(run_dir.name), source=text(run_dir), info=info)
     for ep in episodes:
@@ -812,10 +812,23 @@ def _phases_text(phases: Any) -> str:
     return " · ".join(shown)
 
 
-def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report") -> Path:
-    """Render ``runs`` to ``out`` (atomically) and return its path."""
+def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report",
+          flag: str | None = None) -> Path:
+    """Render ``runs`` to ``out`` (atomically, with the mode of any new file) and return its path.
+
+    A path that cannot be written is InvalidInput naming it (and ``flag``, the
+    option that chose it); the CLI checks it before any work too, this is for a
+    folder that changed in between.
+    """
     out = Path(out)
-    atomic_write(out, render(runs, title))
+    page = render(runs, title)
+    try:
+        atomic_write(out, page)
+        share(out)
+    except OSError as exc:
+        if (bad := write_error(exc, out, flag)) is not None:
+            raise bad from None
+        raise
     return out
 
 
