@@ -326,3 +326,106 @@ def test_cli_report_and_list_write_no_format_characters(tmp_path: Path) -> None:
     r = _cli("list", str(specs))
     assert r.returncode == 0, r.stderr
     assert "gnp.exe" in r.stdout and not _format_chars(r.stdout + r.stderr), r.stdout
+
+
+# --- 2. every read confined to the directories the command was given ----------------------------
+
+def _secret_cassette(tmp: Path) -> Path:
+    """A valid cassette *outside* the run directory, holding text that must never be shown."""
+    events = _events(ORACLE / f"{IDS[0]}.jsonl")
+    events[0]["scenario"]["task"] = "TOP-SECRET-OUTSIDE-THE-RUN"
+    return _write_events(tmp / "elsewhere" / "secret.r0.jsonl", events)
+
+
+@pytest.mark.parametrize("how", ["scenario", "cassette", "arm", "symlink"])
+def test_report_never_reads_a_cassette_outside_its_run_directory(tmp_path: Path, how: str) -> None:
+    secret = _secret_cassette(tmp_path)
+    run = _run_dir(tmp_path, IDS[:1])
+    data = _results(run)
+    ep = data["episodes"][0]
+    (run / "cassettes" / f"{IDS[0]}.r0.jsonl").unlink()
+    ep["cassette"] = None
+    if how == "scenario":
+        ep["scenario"] = "../../elsewhere/secret"
+    elif how == "cassette":
+        ep["cassette"] = str(secret)
+    elif how == "arm":
+        ep["arm"], ep["cassette"] = "../../elsewhere", "secret.r0.jsonl"
+    else:
+        (run / "cassettes" / f"{IDS[0]}.r0.jsonl").symlink_to(secret)
+    (run / "results.json").write_text(json.dumps(data))
+    r = _cli("-q", "report", str(run), "--html", "--out", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "TOP-SECRET" not in page
+    assert "outside the run directory" in page or "not in the run directory" in page
+
+
+def test_report_still_finds_cassettes_inside_by_any_of_those_fields(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, IDS[:1])
+    data = _results(run)
+    data["episodes"][0]["cassette"] = f"runs/moved/cassettes/{IDS[0]}.r0.jsonl"  # made elsewhere
+    (run / "results.json").write_text(json.dumps(data))
+    page = html_report.render(html_report.load_run_arms(run))
+    assert "not in the run directory" not in page and "outside the run" not in page
+
+
+# --- 3. replay: unreadable folders, verdicts of another episode ----------------------------------
+
+def test_an_unreadable_subfolder_is_reported_and_the_exit_is_not_0(open_tmp: Path) -> None:
+    folder = open_tmp / "recs"
+    (folder / "locked").mkdir(parents=True)
+    shutil.copy2(ORACLE / f"{IDS[0]}.jsonl", folder / f"{IDS[0]}.jsonl")
+    shutil.copy2(ORACLE / f"{IDS[1]}.jsonl", folder / "locked" / f"{IDS[1]}.jsonl")
+    (folder / "locked").chmod(0o700)  # root's: nobody cannot list it
+    r = _cli("replay", "--offline", str(folder), user=True)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "locked" in r.stderr and "cannot list the folder" in r.stderr, r.stderr
+    assert "1/2 replayed verdicts equal" in r.stdout and "unreadable" in r.stdout, r.stdout
+    # A top folder that cannot be listed is said to be one, not "no cassettes found".
+    (folder / "locked").chmod(0o755)
+    folder.chmod(0o700)
+    r = _cli("replay", "--offline", str(folder), user=True)
+    assert r.returncode == 2 and "no cassettes found" not in r.stderr, r.stderr
+    assert "permission denied" in r.stderr.lower(), r.stderr
+    r = _cli("export", str(folder), "--out", str(open_tmp / "atif"), user=True)
+    _one_line(r, 2, "permission denied")
+
+
+@pytest.mark.parametrize("key,value", [("scenario", "ssh-stopped"), ("agent", "model"),
+                                       ("model", "gpt-4o"), ("protocol", "json"), ("round", 3)])
+def test_a_verdict_of_another_episode_never_replays_same(tmp_path: Path, key: str,
+                                                          value: object) -> None:
+    events = _events(ORACLE / f"{IDS[0]}.jsonl")
+    events[-1][key] = value
+    cassette = _write_events(tmp_path / "c.jsonl", events)
+    r = _cli("replay", "--offline", "--format", "json", str(cassette))
+    (row,) = json.loads(r.stdout)
+    assert r.returncode == 2 and row["outcome"] == "unreadable", row
+    assert f"verdict.{key}" in row["note"], row
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(min_value=0, max_value=50),
+       t=st.one_of(st.floats(min_value=-10, max_value=1e7, allow_nan=False),
+                   st.sampled_from([0.0, 1e6, 1e300])))
+def test_a_tampered_clock_line_is_blamed_on_itself(tmp_path: Path, which: int, t: float) -> None:
+    from runner.app.replay import load_replayable, replay_loaded
+
+    events = _events(ORACLE / f"{IDS[0]}.jsonl")
+    clocks = [i for i, e in enumerate(events) if e["type"] == "clock"]
+    at = clocks[which % len(clocks)]
+    if events[at]["t"] == t:
+        return
+    events[at]["t"] = t
+    cassette = _write_events(tmp_path / f"c{which}.jsonl", events)
+    line = at + 1
+    try:
+        outcome = replay_loaded(load_replayable(cassette), offline=True)
+    except InvalidInput as exc:  # refused on reading: the edited line is the one named
+        assert exc.line == line and exc.field == "clock.t", str(exc)
+        return
+    # Readable (the edit kept the readings in order): a replay that diverged names it first.
+    if not outcome.same:
+        first = outcome.note.split(";")[0]
+        assert f"line {line}" in first or f"(line {line})" in first, outcome.note

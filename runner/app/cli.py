@@ -478,6 +478,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _bench(args, scenarios, resume)
 
 
+def _specs_dir(name: str) -> Path:
+    """A ``--specs`` folder: it must exist and be listable (it is where specs are looked up)."""
+    path = Path(name)
+    try:
+        if not stat.S_ISDIR(path.stat().st_mode):
+            raise InvalidInput("not a directory", path=name, field="--specs")
+        with os.scandir(path) as listing:
+            next(listing, None)
+    except FileNotFoundError:
+        raise InvalidInput("no such directory", path=name, field="--specs") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot list: {exc.strerror or exc}", path=name,
+                           field="--specs") from None
+    return path
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay each cassette and table the outcomes; 0 only if every one is ``same``.
 
@@ -487,8 +503,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """
     if not args.verbose:  # a replay re-tells every command of every cassette: only with -v
         logging.getLogger("rootbench.agent").setLevel(logging.WARNING)
-    paths = find_cassettes(args.paths)  # a named path that does not exist is exit 2 at once
+    specs = [_specs_dir(d) for d in args.specs] if args.specs else None
+    folders: list[tuple[Path, str]] = []  # folders that could not be listed: each is a row
+    # A named path that does not exist is exit 2 at once; an unlistable subfolder is tabled.
+    paths = find_cassettes(args.paths, unreadable=folders)
     outcomes: list[ReplayOutcome] = []
+    for folder, why in folders:
+        exc = InvalidInput(why, path=str(folder))
+        _err(f"rootbench: {exc}")
+        outcomes.append(unreadable(folder, exc))
     t0 = time.monotonic()
     for path in paths:
         try:
@@ -500,7 +523,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
                                       allow_spec_changes=args.allow_spec_changes,
                                       accel=args.accel, transport=args.transport,
-                                      specs=[Path(d) for d in args.specs] if args.specs else None))
+                                      specs=specs))
     rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
              o.result.value, o.note if args.format == "json" else o.note[:120]]
             for o in outcomes]

@@ -393,14 +393,42 @@ def _episode_from_cassette(path: Path) -> Episode:
     return Episode(data, traj)
 
 
-def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> Path | None:
+def _inside(path: Path, root: Path) -> bool:
+    """``path``, symlinks followed, is ``root`` or under it (both resolved)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop, a name too long
+        return False
+
+
+def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]:
+    """The episode's cassette inside ``run_dir``, or None and why it is not shown.
+
+    results.json is a file the user hands over: its ``scenario``, ``arm`` and
+    ``cassette`` fields only ever pick a file *inside* the run directory.
+    ``scenario: ../../../x`` or ``cassette: /etc/passwd`` (or a symlink in
+    ``cassettes/`` pointing out) is never opened.
+    """
+    root = run_dir.resolve()
     name = f"{ep.get('scenario')}.r{_int(ep.get('round'))}.jsonl"
-    arm = ep.get("arm") if isinstance(ep.get("arm"), str) and "/" not in ep["arm"] else None
+    arm = ep.get("arm") if isinstance(ep.get("arm"), str) else None
     candidates = [run_dir / "cassettes" / name] if arm is None else []
     if isinstance(ep.get("cassette"), str):
         recorded = Path(ep["cassette"])
         candidates += [recorded, run_dir / "cassettes" / (arm or "") / recorded.name]
-    return next((c for c in candidates if c.is_file()), None)
+    outside = False
+    for c in candidates:
+        try:
+            if not c.is_file():
+                continue
+        except OSError:
+            continue
+        if _inside(c, root):
+            return c, ""
+        outside = True
+    if outside:
+        return None, "its cassette is outside the run directory (not read)"
+    return None, "its cassette is not in the run directory"
 
 
 def load_run_dir(run_dir: Path | str) -> Run:
@@ -411,9 +439,9 @@ def load_run_dir(run_dir: Path | str) -> Run:
     run = Run(label=text(run_dir.name), source=text(run_dir), info=info)
     for ep in episodes:
         data = ep.to_dict()
-        cassette = _find_cassette(run_dir, data)
+        cassette, why = _find_cassette(run_dir, data)
         if cassette is None:
-            run.episodes.append(Episode(data, problem="its cassette is not in the run directory"))
+            run.episodes.append(Episode(data, problem=why))
             continue
         read = _episode_from_cassette(cassette)
         run.episodes.append(Episode(data, read.trajectory, read.problem))
