@@ -429,3 +429,70 @@ def test_a_tampered_clock_line_is_blamed_on_itself(tmp_path: Path, which: int, t
     if not outcome.same:
         first = outcome.note.split(";")[0]
         assert f"line {line}" in first or f"(line {line})" in first, outcome.note
+
+
+# --- 6. a crafted output cannot blow the report up ------------------------------------------------
+
+def test_a_10_mb_output_is_cut_in_the_report_and_says_by_how_much(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, IDS[:1])
+    cassette = run / "cassettes" / f"{IDS[0]}.r0.jsonl"
+    events = _events(cassette)
+    huge = "A" * (10 * 1024 * 1024)
+    execs = [e for e in events if e["type"] == "guest" and e["op"] == "exec"]
+    execs[0]["result"]["output"] = huge
+    _write_events(cassette, events)
+    r = _cli("-q", "report", str(run), "--html")
+    assert r.returncode == 0, r.stderr
+    size = (run / "report.html").stat().st_size
+    assert size < 2 * 1024 * 1024, size
+    page = (run / "report.html").read_text(encoding="utf-8")
+    cut = len(huge) - html_report.MAX_SHOWN_CHARS
+    assert f"{cut:,} more characters of {len(huge):,} cut from the report" in page
+    assert f"{len(huge)} characters" in page  # the fold still tells the whole size
+
+
+# --- 7. messages --------------------------------------------------------------------------------
+
+def _spec_with(tmp: Path, old: str, new: str) -> Path:
+    text = (repo_root() / "specs" / f"{IDS[0]}.yaml").read_text(encoding="utf-8")
+    assert old in text
+    path = tmp / "x.yaml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return path
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    spec = _spec_with(tmp_path, "within: 5", "within: 5e0")
+    r = _cli("validate", str(spec))
+    assert r.returncode == 0 and "ok (bad-execstart)" in r.stdout, r.stdout
+    spec = _spec_with(tmp_path, "within: 5", "within: 1e9")
+    r = _cli("validate", str(spec))
+    assert r.returncode == 2 and "greater than the maximum" in r.stdout, r.stdout
+    assert "is not of type 'number'" not in r.stdout
+    spec = _spec_with(tmp_path, "within: 5", "within: '1e1'")
+    r = _cli("validate", str(spec))
+    assert r.returncode == 2 and "quoted" in r.stdout, r.stdout
+
+
+def test_an_alias_is_reported_at_its_own_line(tmp_path: Path) -> None:
+    text = (repo_root() / "specs" / f"{IDS[0]}.yaml").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    lines[0] = lines[0] + "  # &base anchors below"
+    text = "\n".join(lines).replace("budget:", "budget: &base", 1) + "\nextra:\n  <<: *base\n"
+    spec = tmp_path / "x.yaml"
+    spec.write_text(text, encoding="utf-8")
+    r = _cli("validate", str(spec))
+    assert r.returncode == 2, r.stdout
+    assert f"{spec}:{len(text.splitlines())}: " in r.stdout and "aliases" in r.stdout, r.stdout
+
+
+def test_a_cut_short_cassette_counts_the_turns_it_has(tmp_path: Path) -> None:
+    events = _events(ORACLE / f"{IDS[0]}.jsonl")[:-1]  # no verdict: cut short
+    turns = sum(e["type"] == "model" for e in events)
+    assert turns > 1
+    cassette = _write_events(tmp_path / "cut.jsonl", events)
+    (run,) = html_report.runs_from_cassettes([cassette])
+    (ep,) = run.episodes
+    assert ep.turns == turns and "cut short" in ep.get("reason") and f"{turns} turns" in ep.get("reason")
+    page = html_report.render([run])
+    assert f"{turns} turns (cut short)" in page and " 0 turns" not in page

@@ -53,6 +53,9 @@ log = logging.getLogger("rootbench.report")
 REPORT_NAME = "report.html"
 LONG_OUTPUT_LINES = 12  # longer command output is folded
 LONG_OUTPUT_CHARS = 1200
+# Any one text shown (an output, a reply, a task): real runs cap outputs at the scenario's
+# output_limit (4000 by default); a crafted cassette's 10 MB output must not make a 25 MB page.
+MAX_SHOWN_CHARS = 20_000
 OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
@@ -387,9 +390,13 @@ def _episode_from_cassette(path: Path) -> Episode:
     data = dict(traj.verdict or {})
     data.pop("type", None)
     if not data:
+        n = len(traj.turns)
         data = {"scenario": traj.scenario.get("id") or path.stem, "verdict": "incomplete",
                 "round": traj.header.get("round", 0), "model": traj.model_name,
-                "protocol": traj.protocol, "reason": "the cassette ends before a verdict"}
+                "protocol": traj.protocol, "turns": n,
+                "commands": sum(len(t.commands) for t in traj.turns),
+                "reason": f"the cassette was cut short: it ends after {n} "
+                          f"turn{'' if n == 1 else 's'}, before a verdict"}
     return Episode(data, traj)
 
 
@@ -756,13 +763,29 @@ def plots(runs: Sequence[Run]) -> list[Plot] | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
+def shown(value: str, limit: int | None = None) -> str:
+    """``value`` cut to ``limit`` characters (default :data:`MAX_SHOWN_CHARS`), saying by how much.
+
+    A real run caps what the model is sent of each output (the budget's
+    ``output_limit``); a cassette handed over may hold anything up to its own
+    size cap, and a report shows every text of it, so each is cut here.
+    """
+    limit = MAX_SHOWN_CHARS if limit is None else limit
+    if len(value) <= limit:
+        return value
+    return (f"{value[:limit]}\n[... {len(value) - limit:,} more characters of "
+            f"{len(value):,} cut from the report; the cassette has them all]")
+
+
 def _finalize(value: Any) -> Any:
-    """Every ``{{ value }}`` the template emits passes here first: cleaned text, never markup."""
+    """Every ``{{ value }}`` the template emits passes here first: cleaned text, never markup,
+    at most :data:`MAX_SHOWN_CHARS` characters of it."""
     if value is None:
         return ""
     if isinstance(value, markupsafe.Markup):  # a macro's output: made here, its values already cleaned
         return value
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else text(value)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) \
+        else shown(text(value))
 
 
 def _environment() -> jinja2.Environment:

@@ -142,7 +142,8 @@ def _not_a_number(value: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ..
 
 
 def _field(path: Sequence[Any]) -> str | None:
-    field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path)
+    # Keys are the file's: one line each, no controls (a key may hold a newline or a bidi override).
+    field = ".".join(f"[{p}]" if isinstance(p, int) else one_line(str(p), 60) for p in path)
     return field.replace(".[", "[") or None
 
 
