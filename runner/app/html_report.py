@@ -654,7 +654,10 @@ def _interval(passes: int, n: int) -> tuple[float, float] | None:
 def _svg_uri(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    # Made here of base64 alone (no quote, no angle bracket): Markup, so that the cap every
+    # shown text gets (see `shown`) never cuts a plot.
+    return markupsafe.Markup("data:image/svg+xml;base64,"
+                             + base64.b64encode(buf.getvalue()).decode("ascii"))
 
 
 def plots(runs: Sequence[Run]) -> list[Plot] | None:
