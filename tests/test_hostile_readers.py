@@ -498,3 +498,30 @@ def test_a_cut_short_cassette_counts_the_turns_it_has(tmp_path: Path) -> None:
     assert ep.turns == turns and "cut short" in ep.get("reason") and f"{turns} turns" in ep.get("reason")
     page = html_report.render([run])
     assert f"{turns} turns (cut short)" in page and " 0 turns" not in page
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_results_json_that_is_a_directory_or_fifo_is_named_and_never_blocks(
+        tmp_path: Path, kind: str) -> None:
+    run = _run_dir(tmp_path, IDS[:1])
+    (run / "results.json").unlink()
+    if kind == "directory":
+        (run / "results.json").mkdir()
+    else:
+        os.mkfifo(run / "results.json")
+    what = "a directory" if kind == "directory" else "a FIFO"
+    for args in (["report", str(run)], ["report", str(run), "--html"],
+                 ["compare", str(run), str(run)],
+                 ["bench", "--agent", "oracle", "--resume", str(run), "--runs-dir", str(tmp_path)]):
+        r = _cli(*args, timeout=60)  # a FIFO opened for reading would block here forever
+        _one_line(r, 2, "results.json", what)
+        assert "no results.json" not in r.stderr
+
+
+def test_a_specs_folder_that_is_not_one_is_one_line(tmp_path: Path) -> None:
+    cassette = ORACLE / f"{IDS[0]}.jsonl"
+    _one_line(_cli("replay", "--offline", "--specs", str(tmp_path / "none"), str(cassette)), 2,
+              "--specs", "no such directory")
+    (tmp_path / "file").write_text("x")
+    _one_line(_cli("replay", "--offline", "--specs", str(tmp_path / "file"), str(cassette)), 2,
+              "--specs", "not a directory")
