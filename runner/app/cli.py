@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import shutil
+import stat
 import sys
 import time
 import traceback
@@ -42,11 +43,12 @@ from runner.app.executors import (
     auto_jobs,
     make_local,
 )
+from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
 from runner.app.ray_executor import RayExecutor, reachable
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
-from runner.app.runs import check_writable_dir, load_results, new_run_dir
+from runner.app.runs import check_writable_dir, load_results, new_run_dir, results_file
 from runner.app.signals import Interrupted, signals_raise
 from runner.app.verify import (
     EPISODE_CHECKS,
@@ -562,6 +564,22 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0 if ep is not None and ep.verdict.scored else 1
 
 
+def _specs_dir(name: str) -> Path:
+    """A ``--specs`` folder: it must exist and be listable (it is where specs are looked up)."""
+    path = Path(name)
+    try:
+        if not stat.S_ISDIR(path.stat().st_mode):
+            raise InvalidInput("not a directory", path=name, field="--specs")
+        with os.scandir(path) as listing:
+            next(listing, None)
+    except FileNotFoundError:
+        raise InvalidInput("no such directory", path=name, field="--specs") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot list: {exc.strerror or exc}", path=name,
+                           field="--specs") from None
+    return path
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay each cassette and table the outcomes; 0 only if every one is ``same``.
 
@@ -571,8 +589,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """
     if not args.verbose:  # a replay re-tells every command of every cassette: only with -v
         logging.getLogger("rootbench.agent").setLevel(logging.WARNING)
-    paths = find_cassettes(args.paths)  # a named path that does not exist is exit 2 at once
+    specs = [_specs_dir(d) for d in args.specs] if args.specs else None
+    folders: list[tuple[Path, str]] = []  # folders that could not be listed: each is a row
+    # A named path that does not exist is exit 2 at once; an unlistable subfolder is tabled.
+    paths = find_cassettes(args.paths, unreadable=folders)
     outcomes: list[ReplayOutcome] = []
+    for folder, why in folders:
+        exc = InvalidInput(why, path=str(folder))
+        _err(f"rootbench: {exc}")
+        outcomes.append(unreadable(folder, exc))
     t0 = time.monotonic()
     for path in paths:
         try:
@@ -584,7 +609,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
                                       allow_spec_changes=args.allow_spec_changes,
                                       accel=args.accel, transport=args.transport,
-                                      specs=[Path(d) for d in args.specs] if args.specs else None))
+                                      specs=specs))
     rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
              o.result.value, o.note if args.format == "json" else o.note[:120]]
             for o in outcomes]
@@ -696,13 +721,22 @@ def _table_and_statistics(episodes: list[Episode], fmt: str) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Tables of run directories, or with --html one HTML file of runs and loose cassettes."""
+    """Tables of run directories, or with --html one HTML file of runs and loose cassettes.
+
+    Every path is checked before anything is read or rendered: each run
+    directory has a results file (else what is there instead is named), and
+    the HTML file can be written where it goes.
+    """
     paths = [Path(p) for p in args.paths]
     for path in paths:
-        if not path.exists():
-            raise InvalidInput("no such file or directory", path=str(path))
-        if path.is_dir() and not (path / "results.json").is_file():
-            raise InvalidInput("not a run directory (no results.json)", path=str(path))
+        try:
+            is_dir = stat.S_ISDIR(path.stat().st_mode)
+        except FileNotFoundError:
+            raise InvalidInput("no such file or directory", path=str(path)) from None
+        except OSError as exc:
+            raise InvalidInput(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
+        if is_dir:
+            results_file(path)
     if not args.html:
         if args.out:
             raise InvalidInput("--out is where the HTML report goes: add --html", field="--out")
@@ -720,15 +754,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             _out("\n\n".join(f"{p}\n\n{t}" for p, t in tables))
         return 0
     dirs = [p for p in paths if p.is_dir()]
-    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
-    runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     if args.out:
-        out = Path(args.out)
+        out = check_file_target(Path(args.out), "--out")
     else:
         out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+        check_file_target(out, "--out (default)")
+    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
+    runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     title = "rootbench: " + (" vs ".join(p.name for p in dirs) if dirs and len(runs) == len(dirs)
                              else ", ".join(r.label for r in runs))
-    _out(str(html_report.write(runs, out, title)))
+    written = html_report.write(runs, out, title, flag="--out")
+    _out(json.dumps({"report": str(written)}) if args.format == "json" else str(written))
     return 0
 
 
@@ -843,27 +879,48 @@ def _crash_log(exc: BaseException) -> Path | None:
         return None
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    """``--format json`` among the arguments (read before they are parsed, for argparse's errors)."""
+    argv = list(argv)
+    return any(a == "--format=json" or (a == "--format" and argv[i + 1:i + 2] == ["json"])
+               for i, a in enumerate(argv))
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    """One line on stderr; with ``--format json`` also the one JSON document stdout promised,
+    ``{"error": ..., "exit": ...}``, so a program reading stdout never gets nothing."""
+    _err(f"rootbench: {message}")
+    if as_json:
+        print(json.dumps({"error": printable(message), "exit": code}), flush=True)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its usage and error on stderr
+        if exc.code == 2 and as_json:
+            print(json.dumps({"error": "invalid arguments (see the usage on stderr)", "exit": 2}),
+                  flush=True)
+        raise
+    as_json = getattr(args, "format", None) == "json"
     logs.setup(-1 if args.quiet else 1 if args.verbose else 0)
     try:
         return COMMANDS[args.command](args)
     except InvalidInput as exc:
-        _err(f"rootbench: {exc}")
-        return 2
+        return _fail(str(exc), 2, as_json)
     except Interrupted as exc:
-        _err(f"rootbench: interrupted; everything torn down, results so far kept (exit {exc.code})")
-        return exc.code
+        return _fail(f"interrupted; everything torn down, results so far kept (exit {exc.code})",
+                     exc.code, as_json)
     except KeyboardInterrupt:
-        _err("rootbench: interrupted")
-        return 130
+        return _fail("interrupted", 130, as_json)
     except InfraError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _err(f"rootbench: infrastructure error: {first}")
-        return 1
+        return _fail(f"infrastructure error: {first}", 1, as_json)
     except RootbenchError as exc:
-        _err(f"rootbench: {exc}")
-        return 1
+        return _fail(str(exc), 1, as_json)
     except BrokenPipeError:
         # The reader went away (`rootbench list | head`): nothing more can be said to it.
         with contextlib.suppress(OSError):
@@ -872,20 +929,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
-            _err(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
-                 "results written so far are intact")
-            return 1
-        return _last_resort(exc)
+            return _fail(f"the disk is full ({exc.filename or 'run directory'}); "
+                         "results written so far are intact", 1, as_json)
+        return _last_resort(exc, as_json)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
-        return _last_resort(exc)
+        return _last_resort(exc, as_json)
 
 
-def _last_resort(exc: BaseException) -> int:
+def _last_resort(exc: BaseException, as_json: bool = False) -> int:
     where = _crash_log(exc)
     detail = " ".join(str(exc).split())[:160] or type(exc).__name__
-    _err(f"rootbench: unexpected error ({type(exc).__name__}: {detail}); please report this"
-         + (f" with {where}" if where else ""))
-    return 1
+    return _fail(f"unexpected error ({type(exc).__name__}: {detail}); please report this"
+                 + (f" with {where}" if where else ""), 1, as_json)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -231,8 +232,41 @@ def task_text(scenario: Scenario, hint_level: int = 0) -> str:
 
 # --- YAML with line numbers, no aliases, no duplicate keys --------------------------------
 
+class _AliasRefused(yaml.MarkedYAMLError):
+    """An alias (``*name``, also as a merge ``<<: *name``), refused where it is written."""
+
+
+# YAML 1.2's floats: PyYAML (YAML 1.1) wants a dot, so `within: 1e9` would be the string "1e9".
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader; the node tree is walked before construction (see ``_walk``)."""
+    """SafeLoader; the node tree is walked before construction (see ``_walk``).
+
+    Two changes: a number in exponent form without a dot (``1e9``) is a float,
+    as YAML 1.2 and every reader of the spec expect, not a string; and an alias
+    is refused at the line it is written on (composed, it is the anchored node
+    itself, whose line is the anchor's).
+    """
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasRefused(None, None, "YAML anchors and aliases are not allowed in specs "
+                                            f"(an alias *{event.anchor})", event.start_mark)
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in _Loader.yaml_implicit_resolvers.items()}
+for _first in "-+.0123456789":
+    _Loader.yaml_implicit_resolvers[_first] = [
+        (tag, regexp) for tag, regexp in _Loader.yaml_implicit_resolvers.get(_first, [])
+        if tag != "tag:yaml.org,2002:float"]
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+.0123456789"))
 
 
 def _walk(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int],
@@ -279,6 +313,9 @@ def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
             data = loader.construct_document(node)
         finally:
             loader.dispose()
+    except _AliasRefused as exc:
+        raise InvalidInput(str(exc.problem), path=where,
+                           line=exc.problem_mark.line + 1 if exc.problem_mark else None) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -332,6 +369,14 @@ def _probe_kind_error(data: dict[str, Any], where: str,
     return None
 
 
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
 def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
                       schema: str = "scenario.schema.json", what: str = "scenario") -> None:
     """Raise InvalidInput for the most relevant schema error, with its line."""
@@ -353,6 +398,8 @@ def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
     message = best.message
     if len(message) > 200:
         message = message[:200] + "..."
+    if best.validator == "type" and isinstance(best.instance, str) and _looks_numeric(best.instance):
+        message += " (it is quoted, so YAML reads it as text: write the number without quotes)"
     raise InvalidInput(message, path=where, line=_line_for(lines, path),
                        field=_dotted(path) or None)
 
