@@ -8,7 +8,9 @@ state is a set of flags (``touch X`` sets one, ``rm X`` clears it, the probe
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ from runner.app.replay import replay_one
 from runner.app.report import assists, render_table
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
-from runner.core.episode import Episode, run_episode, weighted_score
+from runner.core.episode import UPTIME_COMMAND, Episode, run_episode, weighted_score
 from runner.core.errors import GuestDown, InvalidInput
-from runner.core.guest import RebootResult
+from runner.core.guest import CommandResult, RebootResult
 from runner.core.model import ScriptedModel, oracle
 from runner.core.outcomes import AgentKind, ProbeOutcome, Recheck, Verdict
 from runner.core.paths import repo_root
@@ -466,10 +468,30 @@ def test_a_fix_undone_after_a_pause_fails_and_names_the_wait(tmp_path: Path) -> 
     ep, guest = _lasting(tmp_path, "recheck_after: 1\nreboot: true\n", ["touch a", "touch b"],
                          expires={"a": 0.3})
     assert ep.verdict is Verdict.FAIL and ep.failed_recheck is Recheck.PAUSE
-    assert ep.reason == "did not last: flag a after 1 s", ep.reason
+    assert re.fullmatch(r"did not last: flag a after [12] s", ep.reason), ep.reason
     assert guest.reboots == 0  # a failed pause re-check ends the judging
     ep, guest = _lasting(tmp_path, "recheck_after: 1\nreboot: true\n", ["touch a", "touch b"])
     assert ep.verdict is Verdict.PASS and guest.reboots == 1 and ep.failed_recheck is None
+
+
+def test_a_faked_uptime_cannot_cut_the_pause_short(tmp_path: Path) -> None:
+    """The guest's uptime leaps 1000 s per reading (an agent bind-mounted a FIFO over it): the
+    pause still lasts the host's ``recheck_after`` and names the host's seconds."""
+    class Leaping(FlagGuest):
+        reads = 0
+
+        def run_clean(self, command: str, timeout: float) -> CommandResult:
+            if command == UPTIME_COMMAND:
+                self.reads += 1
+                return CommandResult(0, f"{self.reads * 1000}.00\n", 0.01)
+            return super().run_clean(command, timeout)
+
+    t0 = time.monotonic()
+    ep, guest = _lasting(tmp_path, "recheck_after: 1.5\n", ["touch a", "touch b"],
+                         expires={"a": 0.5}, guest=Leaping(expires={"a": 0.5}))
+    assert time.monotonic() - t0 >= 1.5 and guest.reads >= 2
+    assert ep.reason.startswith("did not last: flag a after "), ep.reason
+    assert 1 <= int(ep.reason.split(" after ")[1].split()[0]) < 100  # the host's, not 1000s
 
 
 def test_rules_1_never_recheck(tmp_path: Path) -> None:

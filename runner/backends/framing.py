@@ -113,7 +113,8 @@ def output_cap(output_limit: int | None) -> int:
 
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
 CLEAN_SHUTDOWN = 120.0  # seconds a guest gets to shut down by itself before it is reset
-BOOT_ID = "cat /proc/sys/kernel/random/boot_id"  # new on every boot: proof that one happened
+# New on every boot: proof that one happened; read by the shell's builtin, not a guest binary.
+BOOT_ID = 'read -r id < /proc/sys/kernel/random/boot_id && echo "$id"'
 
 
 class Power(Protocol):

@@ -482,7 +482,9 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
 # to shut down by itself, then a cold boot under TCG on a busy host (the golden boot allows
 # 240 s for a shell), then systemd settling. Measured: 100 to 200 s on the shared 2-core host.
 REBOOT_TIMEOUT = 420.0
-UPTIME_COMMAND = "cat /proc/uptime"  # the guest's seconds since boot: date -s cannot move it
+# The guest's seconds since boot (date -s cannot move it), read by the clean shell's builtin:
+# no binary of the guest's, which root could replace, takes part.
+UPTIME_COMMAND = 'read -r up _ < /proc/uptime && echo "$up"'
 
 
 def _recheck(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, *,
@@ -564,9 +566,9 @@ def _pause(guest: Guest, clock: Clock, seconds: float) -> float:
     """Wait until ``seconds`` of the guest's time have passed; the seconds that did.
 
     The guest's own clock is what a cron job or a timer runs by, so its uptime
-    is read before and after; the host's clock only bounds the wait (a guest
-    whose uptime lies or crawls cannot hold the judge for more than twice the
-    pause and a minute). Both readings are recorded (a clean guest command,
+    is read before and after, and the wait goes on until both it and the
+    host's clock have moved ``seconds`` (an uptime the agent faked can
+    neither shorten the pause nor, beyond twice it and a minute, lengthen it). Both readings are recorded (a clean guest command,
     a clock event), so a replay waits for nothing and decides the same.
     """
     host0, guest0 = clock.now(), _uptime(guest)
@@ -576,6 +578,10 @@ def _pause(guest: Guest, clock: Clock, seconds: float) -> float:
         clock.sleep(left)
         host, now = clock.now() - host0, _uptime(guest)
         passed = now - guest0 if now is not None and guest0 is not None else host
-        if passed >= seconds or host >= limit:
-            return max(passed, 0.0)
-        left = max(min(seconds - passed, limit - host), 0.1)
+        if not 0 <= passed <= host + 5:
+            passed = host  # an uptime no clock could show: the guest's word is not taken
+        # Both clocks: the guest's, for its timers; the host's, so a faked uptime cannot cut
+        # the pause short.
+        if (passed >= seconds and host >= seconds) or host >= limit:
+            return passed
+        left = max(min(seconds - min(passed, host), limit - host), 0.1)
