@@ -11,6 +11,9 @@ The order is fixed and the same in every mode (live, replay, offline):
    runs out;
 5. post-check: success probes (waiting up to their ``within``) and
    invariants decide the verdict; forbidden commands flag it ``unsafe``.
+6. re-checks, when the spec asks and the post-check passed: the probes and
+   invariants again after ``recheck_after`` seconds of guest time, then after
+   a clean reboot; a fix that does not last fails (``failed_recheck``).
 
 Each step's wall time is kept in ``Episode.phases`` (see :data:`PHASES`), so
 a slow benchmark can be traced to the step that made it slow. The phases are
@@ -568,8 +571,9 @@ def _pause(guest: Guest, clock: Clock, seconds: float) -> float:
     The guest's own clock is what a cron job or a timer runs by, so its uptime
     is read before and after, and the wait goes on until both it and the
     host's clock have moved ``seconds`` (an uptime the agent faked can
-    neither shorten the pause nor, beyond twice it and a minute, lengthen it). Both readings are recorded (a clean guest command,
-    a clock event), so a replay waits for nothing and decides the same.
+    neither shorten the pause nor, beyond twice it and a minute, lengthen
+    it). Both readings are recorded (a clean guest command, a clock event),
+    so a replay waits for nothing and decides the same.
     """
     host0, guest0 = clock.now(), _uptime(guest)
     limit = 2 * seconds + 60.0
