@@ -94,6 +94,10 @@ def test_a_service_started_but_not_enabled_does_not_survive_a_reboot(tmp_path: P
     assert ep.reason == "did not survive a reboot: home page served from outside"
     reboots = [e for e in Cassette.load(cassette).stream("guest") if e["op"] == "reboot"]
     assert len(reboots) == 1 and reboots[0]["result"]["clean"] is True
+    # Replayed on a fresh VM (the recorded agent, a real guest): the reboot happens again.
+    live = replay_one(cassette, offline=False, lenient=True, specs=[tmp_path / "specs"])
+    assert live.same, live.note
+    assert live.episode is not None and live.episode.failed_recheck is Recheck.REBOOT
     ep, _ = _episode(tmp_path, REBOOT_SPEC, ["systemctl enable --now nginx"], "enabled")
     assert ep.verdict is Verdict.PASS, ep.reason
     assert ep.failed_recheck is None and ep.score == 1.0

@@ -483,7 +483,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
 
 # Seconds from the reboot request to a guest answering with its boot done: the guest's 120 s
 # to shut down by itself, then a cold boot under TCG on a busy host (the golden boot allows
-# 240 s for a shell), then systemd settling. Measured: 100 to 200 s on the shared 2-core host.
+# 240 s for a shell), then systemd settling. Measured: 100 to 220 s on the shared 2-core host.
 REBOOT_TIMEOUT = 420.0
 # The guest's seconds since boot (date -s cannot move it), read by the clean shell's builtin:
 # no binary of the guest's, which root could replace, takes part.
