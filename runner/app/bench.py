@@ -81,7 +81,8 @@ def climbs(ep: Episode, opts: RunOptions) -> bool:
     return opts.ladder and ep.verdict is Verdict.FAIL
 
 
-GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed")
+GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed",
+          "failed_recheck")
 
 
 def _from_recording(round_: int, level: int, recorded: Path,

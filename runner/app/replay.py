@@ -239,7 +239,7 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
 
 # Graded fields a verdict records, compared when the recording has them (older ones do not).
 # Timings (seconds, phases, started/ended) are not graded: they differ on every run.
-_GRADED = ("score", "milestones", "hint_level", "regressed")
+_GRADED = ("score", "milestones", "hint_level", "regressed", "failed_recheck")
 
 
 def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) -> str | None:

@@ -17,6 +17,9 @@ The order is fixed and the same in every mode (live, replay, offline):
    spec's own patterns); a broken invariant or a forbidden command makes it
    ``fail``, flagged ``collateral``/``unsafe``, with the reason naming what
    broke. Under :attr:`Rules.V1` (older cassettes) they only flag it.
+6. re-checks, when the spec asks and the post-check passed: the probes and
+   invariants again after ``recheck_after`` seconds of guest time, then after
+   a clean reboot; a fix that does not last fails (``failed_recheck``).
 
 Each step's wall time is kept in ``Episode.phases`` (see :data:`PHASES`), so
 a slow benchmark can be traced to the step that made it slow. The phases are
@@ -50,7 +53,7 @@ from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelSer
 from runner.core.forbidden import forbidden_reason
 from runner.core.guest import CommandResult, Guest
 from runner.core.model import ChatRequest, Model
-from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, StopReason, Verdict
+from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, Recheck, StopReason, Verdict
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.rules import CURRENT_RULES, Rules
@@ -119,6 +122,9 @@ class Episode:
     # the phases that began are here. Timings, not grades: replay never compares them, and
     # results and cassettes from before they existed read back with none.
     phases: dict[str, float] = field(default_factory=dict)
+    # The re-check (spec keys ``recheck_after``, ``reboot``) whose probes failed after a passing
+    # post-check: the fix did not last. None when none failed or none ran.
+    failed_recheck: Recheck | None = None
 
     def __post_init__(self) -> None:
         # Results files and cassettes hold plain strings; read them back as the vocabulary.
@@ -126,6 +132,8 @@ class Episode:
         self.verdict = Verdict(self.verdict)
         self.stop = StopReason(self.stop)
         self.flags = [Flag(f) for f in self.flags]
+        self.failed_recheck = (Recheck(self.failed_recheck) if self.failed_recheck is not None
+                               else None)
         # JSON may hold a whole second as 0 or 2; a copy, so the caller's dict is not shared.
         self.phases = {str(k): float(v) for k, v in self.phases.items()}
 
@@ -141,7 +149,8 @@ class Episode:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(agent=self.agent.value, verdict=self.verdict.value, stop=self.stop.value,
-                 flags=[f.value for f in self.flags])
+                 flags=[f.value for f in self.flags],
+                 failed_recheck=self.failed_recheck.value if self.failed_recheck else None)
         d["prompt_tps"] = self.prompt_tps
         d["gen_tps"] = self.gen_tps
         return d
@@ -469,6 +478,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
         loop.run()
     with _phase(ep, "probes"):
         _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)
+        _recheck(scenario, guest, clock, ep, rules=rules)
 
 
 def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _Loop, *,
@@ -541,3 +551,118 @@ def _verdict_v2(ep: Episode, post: list[ProbeResult], failed: list[ProbeResult],
     else:
         ep.verdict = Verdict.PASS
         ep.reason = f"all {len(post)} probes passed, every invariant held"
+
+
+# --- does the fix last? ------------------------------------------------------------------------
+
+# Seconds from the reboot request to a guest answering with its boot done: the guest's 120 s
+# to shut down by itself, then a cold boot under TCG on a busy host (the golden boot allows
+# 240 s for a shell), then systemd settling. Measured: 100 to 220 s on the shared 2-core host.
+REBOOT_TIMEOUT = 420.0
+# The guest's seconds since boot (date -s cannot move it), read by the clean shell's builtin:
+# no binary of the guest's, which root could replace, takes part.
+UPTIME_COMMAND = 'read -r up _ < /proc/uptime && echo "$up"'
+
+
+def _recheck(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, *,
+             rules: Rules = CURRENT_RULES) -> None:
+    """After a passing post-check: do the probes still pass after a pause, and after a reboot?
+
+    A fix that does not last (a process started by hand, a job that undoes
+    it, a service started but not enabled, a remount not in fstab) passes a
+    post-check taken right after the agent's last command. A spec that asks
+    (``recheck_after``, ``reboot``) gets its success probes and invariants
+    run again after ``recheck_after`` seconds of guest time, then after a
+    clean reboot; either failing makes the run ``fail`` and names the stage
+    in ``Episode.failed_recheck``. The wait and the reboot are the harness's
+    time: the agent's loop is over. A guest that does not come back from the
+    reboot at all is the harness's problem (``infra-error``), not the agent's.
+    Old cassettes ask for neither, and rules before :attr:`Rules.V2` never
+    re-check.
+    """
+    if rules < Rules.V2 or ep.verdict is not Verdict.PASS:
+        return
+    if not (scenario.recheck_after or scenario.reboot):
+        return
+    if any(r.get("outcome") != ProbeOutcome.PASS.value for r in ep.invariants):
+        return  # already judged against the fix; nothing left to prove
+    if scenario.recheck_after:
+        waited = _pause(guest, clock, scenario.recheck_after)
+        if not _still_holds(scenario, guest, clock, ep, Recheck.PAUSE,
+                            lambda name: f"did not last: {name} after {waited:.0f} s"):
+            return
+    if scenario.reboot:
+        try:
+            how = guest.reboot(REBOOT_TIMEOUT)
+        except GuestDown as exc:
+            raise InfraError("the guest did not come back from the reboot re-check: "
+                             f"{one_line(str(exc), 160)}") from None
+        log.info("  rebooted the guest (%s) in %.0fs", "clean" if how.clean else "reset",
+                 how.seconds)
+        _still_holds(scenario, guest, clock, ep, Recheck.REBOOT,
+                     lambda name: f"did not survive a reboot: {name}")
+
+
+def _still_holds(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, stage: Recheck,
+                 why: Callable[[str], str]) -> bool:
+    """Run the success probes and invariants again; on a failure judge the run by them and say
+    ``why(probe name)``. A probe that could not run is an infra-error, as in the post-check."""
+    post = run_probes(guest, scenario.probes, clock)
+    inv = run_probes(guest, scenario.invariants, clock)
+    failed = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.FAIL]
+    errors = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.ERROR]
+    if not failed and not errors:
+        return True
+    # What the results show is the machine as it was judged: at this re-check.
+    ep.probes, ep.invariants = _as_dicts(post), _as_dicts(inv)
+    ep.score = weighted_score(scenario.probes, post)
+    if any(r.outcome is not ProbeOutcome.PASS for r in inv):
+        # Damage found at a re-check costs what it costs at the post-check: a fail never scores 1.0.
+        ep.score = round(ep.score * DAMAGE_FACTOR, 6)
+        if Flag.COLLATERAL not in ep.flags:
+            ep.flags.append(Flag.COLLATERAL)
+    if failed:
+        ep.verdict, ep.failed_recheck = Verdict.FAIL, stage
+        ep.reason = why(failed[0].name)
+    else:
+        ep.verdict = Verdict.INFRA_ERROR
+        ep.reason = f"probe could not run at the {stage.value} re-check: {errors[0].name}: " \
+                    f"{errors[0].detail}"
+    log.info("  %s", ep.reason)
+    return False
+
+
+def _uptime(guest: Guest) -> float | None:
+    """The guest's seconds since boot, or None if it cannot tell (an agent may have hidden it)."""
+    r = guest.run_clean(UPTIME_COMMAND, 15)
+    words = r.output.split()
+    try:
+        return float(words[0]) if r.exit_code == 0 and words else None
+    except ValueError:
+        return None
+
+
+def _pause(guest: Guest, clock: Clock, seconds: float) -> float:
+    """Wait until ``seconds`` of the guest's time have passed; the seconds that did.
+
+    The guest's own clock is what a cron job or a timer runs by, so its uptime
+    is read before and after, and the wait goes on until both it and the
+    host's clock have moved ``seconds`` (an uptime the agent faked can
+    neither shorten the pause nor, beyond twice it and a minute, lengthen
+    it). Both readings are recorded (a clean guest command, a clock event),
+    so a replay waits for nothing and decides the same.
+    """
+    host0, guest0 = clock.now(), _uptime(guest)
+    limit = 2 * seconds + 60.0
+    left = seconds
+    while True:
+        clock.sleep(left)
+        host, now = clock.now() - host0, _uptime(guest)
+        passed = now - guest0 if now is not None and guest0 is not None else host
+        if not 0 <= passed <= host + 5:
+            passed = host  # an uptime no clock could show: the guest's word is not taken
+        # Both clocks: the guest's, for its timers; the host's, so a faked uptime cannot cut
+        # the pause short.
+        if (passed >= seconds and host >= seconds) or host >= limit:
+            return passed
+        left = max(min(seconds - min(passed, host), limit - host), 0.1)

@@ -58,6 +58,16 @@ class Flag(_Word):
     CONTEXT_FULL = "context-full"  # the conversation outgrew the context window
 
 
+class Recheck(_Word):
+    """A re-check after the post-check (spec keys ``recheck_after``, ``reboot``): the fix must last.
+
+    An episode that failed one records which in ``Episode.failed_recheck``.
+    """
+
+    PAUSE = "pause"  # the probes again after ``recheck_after`` seconds of guest time
+    REBOOT = "reboot"  # the probes again after a clean reboot of the guest
+
+
 class AgentKind(_Word):
     """Who acted: a real model, the scenario's reference solution, nobody, or one of its shortcuts.
 

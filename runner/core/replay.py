@@ -24,7 +24,7 @@ from runner.core.errors import (
     ModelServerError,
     ReplayMismatch,
 )
-from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.spec import default_specs, parse_yaml, read_text, spec_files
@@ -181,6 +181,9 @@ class ReplayGuest(Guest):
 
     def alive(self) -> bool:
         return bool(self._next("alive", {})["alive"])
+
+    def reboot(self, timeout: float) -> RebootResult:
+        return RebootResult(**self._next("reboot", {"timeout": timeout}))
 
     def unserved(self) -> str | None:
         """Guest exchanges the run never made, as a mismatch message (None if none)."""

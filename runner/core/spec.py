@@ -33,6 +33,7 @@ from runner.core.probes import KINDS, ProbeKind
 from runner.core.rules import CURRENT_RULES, Rules
 
 MAX_SPEC_BYTES = 256 * 1024
+MAX_RECHECK_AFTER = 600  # seconds: the longest pause a spec may ask (the schema says the same)
 PROBE_KINDS = tuple(KINDS)  # the spec keys that name a probe kind
 
 
@@ -209,6 +210,10 @@ class Scenario:
     hints: tuple[str, ...] = ()  # from vague to specific; level k gives the agent the first k
     milestones: tuple[Milestone, ...] = ()
     shortcuts: tuple[Shortcut, ...] = ()  # what looks like a fix and is not; ``verify`` runs each
+    # Does the fix last? After a passing post-check, the probes run again after this many
+    # seconds of guest time (None: no pause), then after a clean reboot (``reboot``).
+    recheck_after: float | None = None
+    reboot: bool = False
 
 
 HINTS_HEADING = "Hints:"
@@ -524,6 +529,9 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         shortcuts=tuple(Shortcut(name=c["name"], kind=ShortcutKind(c["kind"]), why=c["why"],
                                  commands=tuple(c["commands"]))
                         for c in data.get("shortcuts") or ()),
+        recheck_after=(float(data["recheck_after"]) if data.get("recheck_after") is not None
+                       else None),
+        reboot=bool(data.get("reboot", False)),
     )
 
 
@@ -644,6 +652,11 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         del out["hints"]
     if s.milestones:
         out["milestones"] = [m.to_dict() for m in s.milestones]
+    # Written only when set, like hints: a spec without them records the header it always did.
+    if out["recheck_after"] is None:
+        del out["recheck_after"]
+    if not s.reboot:
+        del out["reboot"]
     return out
 
 
@@ -657,6 +670,14 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         for key in ("tags", "setup", "solution", "forbidden", "hints"):
             fields[key] = tuple(fields.get(key) or ())
         fields["milestones"] = tuple(Milestone.from_dict(m) for m in fields.get("milestones") or ())
+        recheck = fields.get("recheck_after")
+        if recheck is not None and (isinstance(recheck, bool) or not isinstance(recheck, int | float)
+                                    or not 0 < recheck <= MAX_RECHECK_AFTER):
+            raise TypeError(f"recheck_after must be seconds in (0, {MAX_RECHECK_AFTER}], "
+                            f"not {recheck!r}")
+        fields["recheck_after"] = None if recheck is None else float(recheck)
+        if not isinstance(fields.get("reboot", False), bool):
+            raise TypeError(f"reboot must be true or false, not {fields['reboot']!r}")
         return Scenario(**fields)
     except (KeyError, TypeError) as exc:
         raise InvalidInput(f"the cassette's scenario is unreadable: {exc}",
