@@ -36,9 +36,11 @@ from runner.core.probes import (
     run_probes,
 )
 from runner.core.replay import ReplayClock, ReplayGuest
+from runner.core.rules import Rules, rules_of
 from runner.core.spec import Probe, scenario_from_dict
 
 PASS, FAIL, ERROR = ProbeOutcome.PASS, ProbeOutcome.FAIL, ProbeOutcome.ERROR
+V1, V2 = Rules.V1, Rules.V2
 ORACLE = repo_root() / "recordings" / "oracle"
 
 
@@ -102,7 +104,7 @@ def clean_event(command: str, result: CommandResult, op: str = "clean") -> dict[
 def test_command_sends_the_run_string_verbatim() -> None:
     run = "for f in /etc/cron.d/*; do grep -q 'x' \"$f\" && exit 1; done; true"
     guest = CannedGuest({run: ok()})
-    assert CommandProbe(run).check(guest) == (PASS, "exit 0")
+    assert CommandProbe(run).check(guest, V1) == (PASS, "exit 0")
     assert guest.sent == [run]
 
 
@@ -126,11 +128,11 @@ def test_command_sends_the_run_string_verbatim() -> None:
 ])
 def test_command(probe: CommandProbe, answer: CommandResult,
                  expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({probe.run: answer})) == expected
+    assert probe.check(CannedGuest({probe.run: answer}), V1) == expected
 
 
 def test_command_detail_keeps_only_the_output_tail() -> None:
-    outcome, detail = CommandProbe("x").check(CannedGuest({"x": ok("a" * 500 + "END", 2)}))
+    outcome, detail = CommandProbe("x").check(CannedGuest({"x": ok("a" * 500 + "END", 2)}), V1)
     assert outcome is FAIL and detail == "exit 2, wanted 0: " + "a" * 117 + "END"
 
 
@@ -149,7 +151,7 @@ def curl_said(body: str, curl_rc: int, code: str) -> CommandResult:
 
 def test_http_from_guest_sends_the_recorded_curl_command() -> None:
     guest = CannedGuest({CURL_LOCALHOST: curl_said("hi", 0, "200")})
-    assert HttpProbe("http://localhost/").check(guest) == (PASS, "status 200")
+    assert HttpProbe("http://localhost/").check(guest, V1) == (PASS, "status 200")
     assert guest.sent == [CURL_LOCALHOST]
 
 
@@ -158,7 +160,7 @@ def test_http_url_is_shell_quoted() -> None:
     probe = HttpProbe(url)
     quoted = "'http://localhost/a?b=1&c=$(reboot)'"
     guest = CannedGuest({CURL_LOCALHOST.replace("http://localhost/", quoted): curl_said("", 0, "200")})
-    assert probe.check(guest) == (PASS, "status 200")
+    assert probe.check(guest, V1) == (PASS, "status 200")
 
 
 @pytest.mark.parametrize(("probe", "answer", "expected"), [
@@ -177,14 +179,14 @@ def test_http_url_is_shell_quoted() -> None:
 ])
 def test_http_from_guest(probe: HttpProbe, answer: CommandResult,
                          expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({CURL_LOCALHOST: answer})) == expected
+    assert probe.check(CannedGuest({CURL_LOCALHOST: answer}), V1) == expected
 
 
 def test_http_body_marker_is_the_last_one() -> None:
     """A page that itself prints the marker cannot forge curl's result line."""
     body = "fake\n__RB_HTTP__ 0 200\nrest"
     probe = HttpProbe("http://localhost/", body_contains="rest")
-    assert probe.check(CannedGuest({CURL_LOCALHOST: curl_said(body, 0, "500")})) == \
+    assert probe.check(CannedGuest({CURL_LOCALHOST: curl_said(body, 0, "500")}), V1) == \
         (FAIL, "status 500, wanted 200")
 
 
@@ -196,7 +198,7 @@ def test_http_body_marker_is_the_last_one() -> None:
 def test_http_from_host_asks_the_forwarded_port(url: str, port: int, path: str) -> None:
     guest = CannedGuest(http={(port, path): HttpResult(200, "Welcome to nginx!")})
     probe = HttpProbe(url, body_contains="Welcome", from_="host")
-    assert probe.check(guest) == (PASS, "status 200")
+    assert probe.check(guest, V1) == (PASS, "status 200")
     assert guest.sent == [f"host GET :{port}{path}"]
 
 
@@ -208,7 +210,7 @@ def test_http_from_host_asks_the_forwarded_port(url: str, port: int, path: str) 
 ])
 def test_http_from_host_failures(answer: HttpResult, expected: tuple[ProbeOutcome, str]) -> None:
     probe = HttpProbe("http://localhost/", body_contains="Welcome", from_="host")
-    assert probe.check(CannedGuest(http={(80, "/"): answer})) == expected
+    assert probe.check(CannedGuest(http={(80, "/"): answer}), V1) == expected
 
 
 # --- service -------------------------------------------------------------------------------
@@ -236,12 +238,12 @@ SYSTEMCTL_NGINX = ("command -v systemctl >/dev/null || exit 127; "
 ])
 def test_service(probe: ServiceProbe, answer: CommandResult,
                  expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({SYSTEMCTL_NGINX: answer})) == expected
+    assert probe.check(CannedGuest({SYSTEMCTL_NGINX: answer}), V1) == expected
 
 
 def test_service_name_is_shell_quoted() -> None:
     command = SYSTEMCTL_NGINX.replace("-- nginx", "-- 'a b'")
-    assert ServiceProbe("a b", active=True).check(CannedGuest({command: ok("active\n")})) == \
+    assert ServiceProbe("a b", active=True).check(CannedGuest({command: ok("active\n")}), V1) == \
         (PASS, "a b: active, ?")
 
 
@@ -269,13 +271,13 @@ PYTHON_ON_80 = 'LISTEN 0 5 0.0.0.0:80 0.0.0.0:* users:(("python3",pid=640,fd=3))
     (PortProbe(80), TIMED_OUT, (ERROR, "probe timed out after 20s")),
 ])
 def test_port(probe: PortProbe, answer: CommandResult, expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({SS_80: answer})) == expected
+    assert probe.check(CannedGuest({SS_80: answer}), V1) == expected
 
 
 def test_port_udp_asks_ss_for_udp() -> None:
     command = "command -v ss >/dev/null || exit 127; ss -H -lnup 'sport = :53'"
     line = 'UNCONN 0 0 127.0.0.53%lo:53 0.0.0.0:* users:(("systemd-resolve",pid=400,fd=13))\n'
-    assert PortProbe(53, protocol="udp").check(CannedGuest({command: ok(line)})) == \
+    assert PortProbe(53, protocol="udp").check(CannedGuest({command: ok(line)}), V1) == \
         (PASS, "port 53: listening (systemd-resolve)")
 
 
@@ -320,7 +322,7 @@ def with_content(text: str) -> CommandResult:
     (FileProbe("/srv/x"), TIMED_OUT, (ERROR, "probe timed out after 20s")),
 ])
 def test_file(probe: FileProbe, answer: CommandResult, expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({STAT_X: answer})) == expected
+    assert probe.check(CannedGuest({STAT_X: answer}), V1) == expected
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -334,12 +336,12 @@ def test_file(probe: FileProbe, answer: CommandResult, expected: tuple[ProbeOutc
 def test_file_contains_reads_the_content(answer: CommandResult,
                                          expected: tuple[ProbeOutcome, str]) -> None:
     probe = FileProbe("/srv/x", contains="alice,120")
-    assert probe.check(CannedGuest({STAT_AND_READ_X: answer})) == expected
+    assert probe.check(CannedGuest({STAT_AND_READ_X: answer}), V1) == expected
 
 
 def test_file_path_is_shell_quoted() -> None:
     command = STAT_X.replace("/srv/x", "'/srv/my file'")
-    assert FileProbe("/srv/my file", exists=False).check(CannedGuest({command: MISSING})) == \
+    assert FileProbe("/srv/my file", exists=False).check(CannedGuest({command: MISSING}), V1) == \
         (PASS, "/srv/my file does not exist")
 
 
@@ -425,7 +427,7 @@ def probe(condition: ProbeKind, within: float | None = None, name: str | None = 
 def test_run_probes_names_kinds_and_one_line_details() -> None:
     guest = CannedGuest({"nginx -t": ok("line one\n\x1b[31mline two\x1b[0m\n", 1), SS_80: ok("")})
     results = run_probes(guest, [probe(CommandProbe("nginx -t"), name="config ok"),
-                                 probe(PortProbe(80))], StepClock(), wait=False)
+                                 probe(PortProbe(80))], StepClock(), rules=V1, wait=False)
     assert [r.to_dict() for r in results] == [
         {"name": "config ok", "kind": "command", "outcome": "fail",
          "detail": "exit 1, wanted 0: line one [31mline two [0m", "attempts": 1},
@@ -437,7 +439,7 @@ def test_run_probes_names_kinds_and_one_line_details() -> None:
 def test_run_probes_retries_within_until_it_passes() -> None:
     guest = CannedGuest({SYSTEMCTL_NGINX: [ok("activating\n"), ok("activating\n"), ok("active\n")]})
     clock = StepClock()
-    [result] = run_probes(guest, [probe(ServiceProbe("nginx", active=True), within=5)], clock)
+    [result] = run_probes(guest, [probe(ServiceProbe("nginx", active=True), within=5)], clock, rules=V1)
     assert (result.outcome, result.detail, result.attempts) == (PASS, "nginx: active, ?", 3)
     assert clock.sleeps == 2
 
@@ -445,7 +447,7 @@ def test_run_probes_retries_within_until_it_passes() -> None:
 def test_run_probes_gives_up_when_within_runs_out() -> None:
     guest = CannedGuest({SS_80: ok("")})
     clock = StepClock()
-    [result] = run_probes(guest, [probe(PortProbe(80), within=2)], clock)
+    [result] = run_probes(guest, [probe(PortProbe(80), within=2)], clock, rules=V1)
     assert result.outcome is FAIL and result.attempts == 5 and clock.t == 2.0
 
 
@@ -453,13 +455,13 @@ def test_run_probes_does_not_wait_once_a_plain_probe_failed() -> None:
     guest = CannedGuest({SS_80: ok(""), "nginx -t": ok("", 1)})
     clock = StepClock()
     results = run_probes(guest, [probe(PortProbe(80), within=5), probe(CommandProbe("nginx -t"))],
-                         clock)
+                         clock, rules=V1)
     assert [r.attempts for r in results] == [1, 1] and clock.sleeps == 0
 
 
 def test_an_error_is_retried_too_but_never_becomes_a_fail() -> None:
     guest = CannedGuest({SS_80: NOT_FOUND})
-    [result] = run_probes(guest, [probe(PortProbe(80), within=1)], StepClock())
+    [result] = run_probes(guest, [probe(PortProbe(80), within=1)], StepClock(), rules=V1)
     assert result.outcome is ERROR and result.attempts == 3
 
 
@@ -480,7 +482,7 @@ def test_each_kind_through_a_replayed_cassette() -> None:
     checks = [CommandProbe("nginx -t"), HttpProbe("http://localhost/", body_contains="Welcome"),
               HttpProbe("http://localhost/", from_="host"), ServiceProbe("nginx", active=True),
               PortProbe(80, process="nginx"), FileProbe("/srv/x")]
-    assert [c.check(guest) for c in checks] == [
+    assert [c.check(guest, V1) for c in checks] == [
         (FAIL, "exit 1, wanted 0: "), (PASS, "status 200"), (FAIL, "status 403, wanted 200"),
         (PASS, "nginx: active, enabled"), (PASS, "port 80: listening (nginx)"),
         (ERROR, "probe timed out after 20s")]
@@ -490,7 +492,7 @@ def test_a_changed_command_is_a_replay_mismatch() -> None:
     """Why the command strings are frozen: the replayer refuses any other."""
     guest = ReplayGuest(replayed([clean_event(SS_80, ok(""))]))
     with pytest.raises(ReplayMismatch, match="guest exchange 1"):
-        PortProbe(80, protocol="udp").check(guest)
+        PortProbe(80, protocol="udp").check(guest, V1)
 
 
 def _oracle_cassettes() -> Iterator[Path]:
@@ -508,6 +510,7 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     results must equal the ones recorded in the verdict, detail text included.
     """
     cas = Cassette.load(path)
+    rules = rules_of(cas.header)
     scenario = scenario_from_dict(cas.header["scenario"])
     verdict = cas.verdict
     assert verdict is not None
@@ -527,13 +530,13 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
 
     n_inv, n_setup, n_probes = len(scenario.invariants), len(scenario.setup), len(scenario.probes)
     baseline_guest, clock = phase(guest_events[:n_inv])
-    baseline = run_probes(baseline_guest, scenario.invariants, clock, wait=False)
+    baseline = run_probes(baseline_guest, scenario.invariants, clock, rules=rules, wait=False)
     assert [r.to_dict() for r in baseline] == verdict["baseline"]
     assert exhausted(baseline_guest)
 
     start = n_inv + n_setup
     pre_guest, clock = phase(guest_events[start:start + n_probes])
-    pre = run_probes(pre_guest, scenario.probes, clock, wait=False)
+    pre = run_probes(pre_guest, scenario.probes, clock, rules=rules, wait=False)
     assert [r.to_dict() for r in pre] == verdict["precheck"]
     assert exhausted(pre_guest)
     assert any(r.outcome is not PASS for r in pre), "the fault landed, so a probe failed"
@@ -543,8 +546,8 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     last_agent = max(i for i, e in enumerate(events)
                      if e["type"] == "guest" and e["op"] in ("exec", "alive"))
     post_guest, clock = phase(events[last_agent + 1:])
-    post = run_probes(post_guest, scenario.probes, clock)
-    invariants = run_probes(post_guest, scenario.invariants, clock)
+    post = run_probes(post_guest, scenario.probes, clock, rules=rules)
+    invariants = run_probes(post_guest, scenario.invariants, clock, rules=rules)
     assert [r.to_dict() for r in post] == verdict["probes"]
     assert [r.to_dict() for r in invariants] == verdict["invariants"]
     assert exhausted(post_guest)

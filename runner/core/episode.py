@@ -309,7 +309,7 @@ class _Loop:
         the harness watching, and must not make a run end sooner.
         """
         t0 = self.clock.now()
-        results = run_probes(self.guest, self.s.probes, self.clock, wait=False)
+        results = run_probes(self.guest, self.s.probes, self.clock, rules=self.rules, wait=False)
         fixed = all(r.outcome is ProbeOutcome.PASS for r in results)
         if fixed and self.ep.fixed_at is None:
             self.mark_fixed(t0)
@@ -408,7 +408,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
     returns from inside its ``with``, so the phases that never began are absent.
     """
     with _phase(ep, "baseline"):
-        baseline = run_probes(guest, scenario.invariants, clock, wait=False)
+        baseline = run_probes(guest, scenario.invariants, clock, rules=rules, wait=False)
         ep.baseline = _as_dicts(baseline)
     with _phase(ep, "setup"):
         for i, command in enumerate(scenario.setup):
@@ -421,7 +421,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
                              f": {clean_text(result.output)[-120:]}")
                 return
     with _phase(ep, "pre_check"):
-        pre = run_probes(guest, scenario.probes, clock, wait=False)
+        pre = run_probes(guest, scenario.probes, clock, rules=rules, wait=False)
         ep.precheck = _as_dicts(pre)
         if all(r.outcome is ProbeOutcome.PASS for r in pre):
             ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
@@ -442,7 +442,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
     if not guest.alive():
         raise GuestDown("the guest is down after the agent's last command")
 
-    post = run_probes(guest, scenario.probes, clock)
+    post = run_probes(guest, scenario.probes, clock, rules=loop.rules)
     ep.probes = _as_dicts(post)
     ep.score = weighted_score(scenario.probes, post)
     if track_fix and loop.first_command_at is not None:
@@ -452,7 +452,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
             loop.mark_fixed()
         elif not fixed and ep.fixed_at is not None:
             ep.regressed = True
-    inv = run_probes(guest, scenario.invariants, clock)
+    inv = run_probes(guest, scenario.invariants, clock, rules=loop.rules)
     ep.invariants = _as_dicts(inv)
     if any(r.outcome is not ProbeOutcome.PASS for r in inv):
         ep.flags.append(Flag.COLLATERAL)
