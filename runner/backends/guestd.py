@@ -584,8 +584,8 @@ def _put_str(buf, code, text):
     buf.extend(data + b"\0")
 
 
-def _dbus_call(sock, serial, path, interface, member, args):
-    """Send a method call whose arguments are strings; the reply's (error name, body bytes)."""
+def _dbus_send(sock, serial, path, interface, member, args):
+    """Send a method call whose arguments are strings."""
     body = bytearray()
     for a in args:
         _put_str(body, "s", a)
@@ -603,13 +603,18 @@ def _dbus_call(sock, serial, path, interface, member, args):
     _pad(msg, 8)
     msg.extend(body)
     sock.sendall(bytes(msg))
+
+
+def _dbus_reply(sock, serials):
+    """The next reply to one of ``serials``: (its serial, error name or None, body bytes).
+    Signals (systemd sends them to every private connection) are read and skipped."""
     while True:
         head = _recv_exact(sock, 16)
         if head[0:1] != b"l":
             raise Tampered("systemd answered in an unexpected byte order")
         kind = head[1]
         body_len, _serial, fields_len = struct.unpack("<III", head[4:16])
-        rest = _recv_exact(sock, fields_len + (-(16 + fields_len) % 8) + body_len)
+        rest = _recv_exact(sock, fields_len + (-(16 + fields_len) % 8) + body_len, started=True)
         hdr, body = rest[:fields_len], rest[len(rest) - body_len:]
         info, i = {}, 0
         while i < len(hdr):
@@ -632,18 +637,50 @@ def _dbus_call(sock, serial, path, interface, member, args):
                 i += 4
             else:
                 raise Tampered("systemd sent a header field of type " + sig)
-        if kind in (2, 3) and info.get(5) == serial:
-            return (info.get(4) if kind == 3 else None), body
+        if kind in (2, 3) and info.get(5) in serials:
+            return info[5], (info.get(4) if kind == 3 else None), body
 
 
-def _recv_exact(sock, n):
+def _dbus_call(sock, serial, path, interface, member, args):
+    """One method call and its reply: (error name or None, body bytes)."""
+    _dbus_send(sock, serial, path, interface, member, args)
+    return _dbus_reply(sock, (serial,))[1:]
+
+
+class Quiet(Exception):
+    """Nothing arrived before the socket's timeout (no message was cut in two)."""
+
+
+def _recv_exact(sock, n, started=False):
     data = b""
     while len(data) < n:
-        chunk = sock.recv(n - len(data))
+        try:
+            chunk = sock.recv(n - len(data))
+        except TimeoutError:
+            if data or started:
+                raise
+            raise Quiet() from None
         if not chunk:
             raise OSError("systemd closed the connection")
         data += chunk
     return data
+
+
+def _dbus_wake(sock, deadline):
+    """Ping systemd until it answers. A first message that reaches it in the same read as the
+    BEGIN that ends authentication can sit unprocessed until more bytes arrive (seen with
+    systemd 252 under load); each further ping is such bytes."""
+    serials = []
+    while time.monotonic() < deadline:
+        serials.append(100 + len(serials))
+        _dbus_send(sock, serials[-1], "/org/freedesktop/systemd1", "org.freedesktop.DBus.Peer", "Ping", [])
+        sock.settimeout(max(0.05, min(0.5, deadline - time.monotonic())))
+        try:
+            _dbus_reply(sock, serials)
+            return
+        except Quiet:
+            continue
+    raise OSError("systemd did not answer on " + SYSTEMD_SOCKET)
 
 
 def _body_string(body, variant=False):
@@ -679,6 +716,8 @@ def ask_service(q, deadline):
         if not line.startswith(b"OK "):
             raise OSError("systemd refused the connection")
         sock.sendall(b"BEGIN\r\n")
+        _dbus_wake(sock, deadline)
+        sock.settimeout(max(0.5, deadline - time.monotonic()))
         manager = ("/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
         err, body = _dbus_call(sock, 1, *manager, "LoadUnit", [name])
         if err:
