@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from runner.core.cassette import FORMAT_VERSION, Cassette
-from runner.core.errors import ReplayMismatch
+from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.guest import CommandResult, Guest, HttpResult
 from runner.core.outcomes import ProbeOutcome
 from runner.core.paths import repo_root
@@ -63,10 +63,18 @@ class CannedGuest(Guest):
     """
 
     def __init__(self, clean: dict[str, CommandResult | list[CommandResult]] | None = None,
-                 http: dict[tuple[int, str], HttpResult] | None = None) -> None:
+                 http: dict[tuple[int, str], HttpResult] | None = None,
+                 inspect: dict[str, CommandResult] | None = None) -> None:
         self.clean = {k: list(v) if isinstance(v, list) else [v] for k, v in (clean or {}).items()}
         self.http = dict(http or {})
+        self.inspected = dict(inspect or {})
         self.sent: list[str] = []
+
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        assert timeout == PROBE_TIMEOUT
+        assert question in self.inspected, f"unexpected question: {question!r}"
+        self.sent.append(question)
+        return self.inspected[question]
 
     def run_clean(self, command: str, timeout: float) -> CommandResult:
         assert timeout == PROBE_TIMEOUT
@@ -554,6 +562,228 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     assert exhausted(post_guest)
 
 
+# --- rules 2: the guest helper answers, no guest tool runs -------------------------------------
+
+def q(**question: Any) -> str:
+    """A question exactly as a probe sends it."""
+    return json.dumps(question, sort_keys=True)
+
+
+def said(answer: dict[str, Any], exit_code: int = 0) -> CommandResult:
+    return ok(json.dumps(answer), exit_code)
+
+
+NGINX_PROC = {"pid": "811", "comm": "nginx", "exe": "/usr/sbin/nginx", "sha256": "aa",
+              "cgroup": "/system.slice/nginx.service", "unit": "nginx.service"}
+FAKE_PROC = {"pid": "900", "comm": "nginx", "exe": "/tmp/nginx", "sha256": "bb",
+             "cgroup": "/user.slice/user-0.slice/session-1.scope", "unit": "session-1.scope"}
+PIN = {"path": "/usr/sbin/nginx", "resolved": "/usr/sbin/nginx", "sha256": "aa"}
+PORT_80 = q(ask="port", port=80, protocol="tcp")
+PORT_80_EXE = q(ask="port", port=80, protocol="tcp", exe="/usr/sbin/nginx")
+
+
+@pytest.mark.parametrize(("probe", "question", "answer", "expected"), [
+    (PortProbe(80, process="nginx", unit="nginx", exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [NGINX_PROC], "exe": PIN}),
+     (PASS, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx])")),
+    # A program that takes the name passes on the name alone, and on nothing else.
+    (PortProbe(80, process="nginx"), PORT_80, said({"listening": True, "processes": [FAKE_PROC]}),
+     (PASS, "port 80: listening (nginx [session-1.scope, /tmp/nginx])")),
+    (PortProbe(80, unit="nginx.service"), PORT_80, said({"listening": True, "processes": [FAKE_PROC]}),
+     (FAIL, "port 80: listening (nginx [session-1.scope, /tmp/nginx]), wanted unit nginx.service")),
+    (PortProbe(80, exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [FAKE_PROC], "exe": PIN}),
+     (FAIL, "port 80: listening (nginx [session-1.scope, /tmp/nginx]), wanted exe /usr/sbin/nginx")),
+    # The right path, the right cgroup, another program: the hash tells.
+    (PortProbe(80, unit="nginx", exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [{**NGINX_PROC, "sha256": "cc"}], "exe": PIN}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx]), "
+            "wanted unit nginx.service exe /usr/sbin/nginx")),
+    # One process must be all of it: a real nginx elsewhere does not lend the fake its unit.
+    (PortProbe(80, process="python3", unit="nginx"), PORT_80,
+     said({"listening": True, "processes": [NGINX_PROC, {**FAKE_PROC, "comm": "python3"}]}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx], "
+            "python3 [session-1.scope, /tmp/nginx]), wanted process python3 unit nginx.service")),
+    (PortProbe(80, exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [NGINX_PROC], "exe": {**PIN, "sha256": None}}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx]), "
+            "and /usr/sbin/nginx was no readable file when first checked")),
+    (PortProbe(80), PORT_80, said({"listening": False, "processes": []}), (FAIL, "port 80: not listening")),
+    (PortProbe(80, listening=False), PORT_80, said({"listening": False, "processes": []}),
+     (PASS, "port 80: not listening")),
+    (PortProbe(80), PORT_80, said({"listening": True, "processes": []}),
+     (PASS, "port 80: listening (unknown process)")),
+    (PortProbe(80), PORT_80, said({"tampered": "/proc/net/tcp is not the kernel's"}),
+     (FAIL, "tampered: /proc/net/tcp is not the kernel's")),
+    (PortProbe(80), PORT_80, said({"error": "bad question: KeyError"}, 2),
+     (ERROR, "the guest helper could not answer: bad question: KeyError")),
+    (PortProbe(80), PORT_80, ok("this guest cannot answer inspection questions", 127),
+     (ERROR, "the guest helper cannot answer: this guest cannot answer inspection questions")),
+    (PortProbe(80), PORT_80, ok("{not json"), (ERROR, "could not read the guest helper's answer: {not json")),
+    (PortProbe(80), PORT_80, TIMED_OUT, (ERROR, "probe timed out after 20s")),
+])
+def test_port_v2(probe: PortProbe, question: str, answer: CommandResult,
+                 expected: tuple[ProbeOutcome, str]) -> None:
+    guest = CannedGuest(inspect={question: answer})
+    assert probe.check(guest, V2) == expected
+    assert guest.sent == [question]
+
+
+def test_unit_and_exe_are_refused_under_rules_1() -> None:
+    """Rules 1 read ``ss``, which knows neither: such a probe cannot judge, so it errs."""
+    outcome, detail = PortProbe(80, unit="nginx").check(CannedGuest(), V1)
+    assert outcome is ERROR and "rules 2" in detail
+
+
+@pytest.mark.parametrize(("probe", "answer", "expected"), [
+    (ServiceProbe("nginx", active=True, enabled=True), {"active": "active", "enabled": "enabled"},
+     (PASS, "nginx: active, enabled")),
+    (ServiceProbe("nginx", active=True), {"active": "failed", "enabled": "enabled"},
+     (FAIL, "nginx: failed, enabled")),
+    (ServiceProbe("nginx", enabled=True), {"active": "active", "enabled": "masked"},
+     (FAIL, "nginx: active, masked")),
+    (ServiceProbe("nginx", active=True), {"tampered": "/run/systemd/private is served by pid 900"},
+     (FAIL, "tampered: /run/systemd/private is served by pid 900")),
+])
+def test_service_v2(probe: ServiceProbe, answer: dict[str, Any],
+                    expected: tuple[ProbeOutcome, str]) -> None:
+    assert probe.check(CannedGuest(inspect={q(ask="service", name="nginx"): said(answer)}), V2) == expected
+
+
+@pytest.mark.parametrize(("probe", "answer", "expected"), [
+    (FileProbe("/srv/x", mode="644", owner="root", group="www-data"),
+     {"exists": True, "mode": 0o644, "owner": "root", "group": "www-data", "type": "regular file"},
+     (PASS, "/srv/x: regular file, mode 0644, root:www-data")),
+    (FileProbe("/srv/x", mode="0600"),
+     {"exists": True, "mode": 0o4755, "owner": "root", "group": "root", "type": "regular file"},
+     (FAIL, "/srv/x: regular file, mode 4755, root:root, wanted mode 0600")),
+    (FileProbe("/srv/x"), {"exists": False}, (FAIL, "/srv/x does not exist")),
+    (FileProbe("/srv/x", exists=False), {"exists": False}, (PASS, "/srv/x does not exist")),
+])
+def test_file_v2(probe: FileProbe, answer: dict[str, Any], expected: tuple[ProbeOutcome, str]) -> None:
+    question = q(ask="file", content=False, path="/srv/x")
+    assert probe.check(CannedGuest(inspect={question: said(answer)}), V2) == expected
+
+
+def test_file_v2_reads_the_content_only_when_asked() -> None:
+    answer = {"exists": True, "mode": 0o640, "owner": "www-data", "group": "www-data",
+              "type": "regular file", "content": base64.b64encode(b"listen 80;").decode()}
+    guest = CannedGuest(inspect={q(ask="file", content=True, path="/srv/x"): said(answer)})
+    assert FileProbe("/srv/x", contains="listen 80;").check(guest, V2)[0] is PASS
+    assert FileProbe("/srv/x", contains="listen 81;").check(guest, V2) == \
+        (FAIL, "/srv/x: regular file, mode 0640, www-data:www-data, content lacks 'listen 81;'")
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ({"status": 200, "body": base64.b64encode(b"Welcome to nginx!").decode()}, (PASS, "status 200")),
+    ({"status": 200, "body": ""}, (FAIL, "status 200 but the body lacks 'Welcome'")),
+    ({"status": None, "why": "ConnectionRefusedError"}, (FAIL, "no HTTP answer: ConnectionRefusedError")),
+])
+def test_http_from_guest_v2(answer: dict[str, Any], expected: tuple[ProbeOutcome, str]) -> None:
+    guest = CannedGuest(inspect={q(ask="http", url="http://localhost/"): said(answer)})
+    assert HttpProbe("http://localhost/", body_contains="Welcome").check(guest, V2) == expected
+
+
+def test_command_probes_run_their_command_under_both_rules() -> None:
+    guest = CannedGuest({"nginx -t": ok()})
+    assert CommandProbe("nginx -t").check(guest, V2) == CommandProbe("nginx -t").check(guest, V1)
+
+
+def test_an_inspection_is_recorded_and_replayed_like_any_exchange() -> None:
+    """The question is the recorded input: a replay that asks another one is a mismatch."""
+    result = said({"listening": False, "processes": []})
+    event = {"type": "guest", "op": "inspect", "input": {"question": PORT_80, "timeout": PROBE_TIMEOUT},
+             "result": {"exit_code": 0, "output": result.output, "duration": 0.01,
+                        "timed_out": False, "truncated": False}}
+    assert PortProbe(80).check(ReplayGuest(replayed([event])), V2) == (FAIL, "port 80: not listening")
+    from runner.core.cassette import _parse_event
+    assert _parse_event(json.dumps(event), "<memory>", 2) == event  # the cassette schema knows it
+    with pytest.raises(InvalidInput, match="command"):
+        _parse_event(json.dumps({**event, "input": {"command": "x", "timeout": 1}}), "<memory>", 2)
+    with pytest.raises(ReplayMismatch, match="input.question"):
+        PortProbe(81).check(ReplayGuest(replayed([event])), V2)
+
+
+# --- rules 2 against the real helper, run here: real sockets, real /proc --------------------
+
+class LocalHelperGuest(Guest):
+    """The guest helper started on this machine, asked through its real protocol."""
+
+    def __init__(self, rb: Path) -> None:
+        from test_framing import LocalHelper
+        self.helper = LocalHelper(rb)
+
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        from runner.backends.framing import parse_frame, request_text
+        h = self.helper
+        h.n += 1
+        sentinel = f"i{h.n}"
+        h.stdin.write(request_text(question, timeout, 1 << 20, sentinel, True, "i").encode())
+        h.stdin.flush()
+        result = parse_frame(h.stdout.readline(), sentinel, 0.0, 1 << 20)
+        assert result is not None
+        return result
+
+    def run_clean(self, command: str, timeout: float) -> CommandResult:
+        return self.helper.run(command, timeout, clean=True)
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        raise AssertionError("a probe must never use the agent's shell")
+
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        raise AssertionError("not asked here")
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_the_real_helper_answers_port_file_and_http_questions(tmp_path: Path) -> None:
+    import http.server
+    import os
+    import sys
+    import threading
+
+    served = tmp_path / "site"
+    served.mkdir()
+    (served / "index.html").write_text("hello from the helper test")
+    os.chmod(served / "index.html", 0o640)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=str(served), **kw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    guest = LocalHelperGuest(tmp_path / "rb")
+    try:
+        port = server.server_address[1]
+        me = os.path.realpath(sys.executable)
+        comm = Path("/proc/self/comm").read_text().strip()
+        assert PortProbe(port, process=comm, exe=me).check(guest, V2)[0] is PASS
+        outcome, detail = PortProbe(port, exe="/bin/sh").check(guest, V2)
+        assert outcome is FAIL and "wanted exe /bin/sh" in detail and me in detail, detail
+        assert PortProbe(port, listening=False).check(guest, V2)[0] is FAIL
+        assert PortProbe(port, protocol="udp").check(guest, V2) == (FAIL, f"port {port}: not listening")
+        url = f"http://localhost:{port}/index.html"
+        assert HttpProbe(url, body_contains="hello from the helper").check(guest, V2) == (PASS, "status 200")
+        assert HttpProbe(f"http://127.0.0.1:{port}/nope").check(guest, V2) == (FAIL, "status 404, wanted 200")
+        page = str(served / "index.html")
+        assert FileProbe(page, mode="640", contains="hello").check(guest, V2)[0] is PASS
+        assert FileProbe(page, mode="644").check(guest, V2)[0] is FAIL
+        assert FileProbe(page + ".gone", exists=False).check(guest, V2)[0] is PASS
+        # A bad question never takes the helper down: it answers, then runs commands as before.
+        assert guest.inspect("not json", PROBE_TIMEOUT).exit_code == 2
+        assert guest.run_clean("echo still here", 10).output == "still here\n"
+    finally:
+        guest.helper.close()
+        server.shutdown()
+        thread.join(10)
+
+
 # --- on a real VM: a root that lies through the guest's tools ------------------------------
 
 # Each stands in for a tool the rules-1 probes run, and answers what a fixed guest would.
@@ -617,6 +847,11 @@ def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image, no_new_qemu
         assert outcome is FAIL and "nginx [" in detail and "/tmp/nginx" in detail, detail
         assert PortProbe(80, unit="nginx.service").check(guest, V2)[0] is FAIL
         assert PortProbe(80, exe="/usr/sbin/nginx").check(guest, V2)[0] is FAIL
+        # A file mounted over the fake's /proc/<pid>/cgroup, naming nginx's unit: not the kernel's.
+        _sh(guest, "echo 0::/system.slice/nginx.service > /tmp/cg && "
+                   "mount --bind /tmp/cg /proc/$(pgrep -x nginx)/cgroup && cat /proc/$(pgrep -x nginx)/cgroup")
+        outcome, detail = PortProbe(80, unit="nginx").check(guest, V2)
+        assert outcome is FAIL and detail.startswith("tampered: /proc/") and "cgroup" in detail, detail
         # ...even from nginx's own path, moved into nginx.service's cgroup: the hash tells.
         _sh(guest, "pkill -x nginx; sleep 0.5; cp /usr/bin/python3 /usr/sbin/nginx && cd /tmp && "
                    "setsid -f /usr/sbin/nginx -m http.server 80 >/dev/null 2>&1; "
@@ -627,13 +862,10 @@ def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image, no_new_qemu
         assert PortProbe(80, unit="nginx").check(guest, V2)[0] is PASS, "a cgroup is no proof alone"
         outcome, detail = nginx.check(guest, V2)
         assert outcome is FAIL and "nginx.service, /usr/sbin/nginx" in detail, detail
-        # The helper's own view tampered with: a file mounted over its /proc, a fake systemd.
-        _sh(guest, "printf 'sl local rem st\\n' > /tmp/tcp && "
-                   "mount --bind /tmp/tcp /proc/$(pgrep -x rb-guest | head -n1)/net/tcp")
-        outcome, detail = PortProbe(80).check(guest, V2)
-        assert outcome is FAIL and detail.startswith("tampered: /proc/net/tcp"), detail
+        # A fake systemd at its private socket: not PID 1, so not asked.
         _sh(guest, "rm /run/systemd/private && setsid -f python3 -c 'import socket,time\n"
                    "s=socket.socket(socket.AF_UNIX); s.bind(\"/run/systemd/private\"); s.listen()\n"
-                   "time.sleep(600)' >/dev/null 2>&1; sleep 1")
+                   "time.sleep(600)' >/dev/null 2>&1; "
+                   "for i in $(seq 100); do [ -S /run/systemd/private ] && exit 0; sleep 0.2; done; exit 1")
         outcome, detail = ServiceProbe("nginx", active=True).check(guest, V2)
         assert outcome is FAIL and "not systemd (pid 1)" in detail, detail
