@@ -379,6 +379,9 @@ def test_every_schema_kind_has_a_class_with_the_schema_keys() -> None:
     (PortProbe(80), "port 80/tcp"),
     (PortProbe(53, protocol="udp", process="dnsmasq"), "port 53/udp by dnsmasq"),
     (FileProbe("/etc/x", mode="600"), "file /etc/x"),
+    (PortProbe(80, process="nginx", unit="nginx", exe="/usr/sbin/nginx"),
+     "port 80/tcp by nginx in nginx.service from /usr/sbin/nginx"),
+    (PortProbe(22, unit="ssh.service"), "port 22/tcp in ssh.service"),
 ])
 def test_describe(probe: ProbeKind, name: str) -> None:
     assert probe.describe() == name
@@ -393,6 +396,49 @@ def test_params_come_back_as_written() -> None:
     http = {"from": "host", "url": "http://localhost/", "status": 200}
     assert HttpProbe.from_params(http).from_ == "host"
     assert list(HttpProbe.from_params(http).to_params().items()) == list(http.items())
+
+
+def test_unit_and_exe_params_round_trip_and_old_shapes_stay_as_they_were() -> None:
+    """A header written before ``unit``/``exe`` existed reads back key for key; new keys keep their order."""
+    old = {"port": 80, "listening": True, "process": "nginx"}
+    assert PortProbe.from_params(old).to_params() == old
+    assert "unit" not in PortProbe(80).to_params() and "exe" not in PortProbe(80).to_params()
+    new = {"exe": "/usr/sbin/nginx", "port": 80, "unit": "nginx"}
+    probe = PortProbe.from_params(new)
+    assert (probe.unit, probe.exe) == ("nginx", "/usr/sbin/nginx")
+    assert list(probe.to_params().items()) == list(new.items())
+
+
+SPEC = """id: t
+title: t
+difficulty: easy
+image: debian-12-nginx
+task: The site is down.
+setup: ["true"]
+solution: ["true"]
+probes:
+  - port: {PORT}
+"""
+
+
+def test_a_spec_takes_unit_and_exe() -> None:
+    from runner.core.spec import scenario_from_text
+    text = SPEC.replace("{PORT}", "{port: 80, process: nginx, unit: nginx.service, exe: /usr/sbin/nginx}")
+    [probe] = scenario_from_text(text, "t.yaml").probes
+    assert probe.condition == PortProbe(80, process="nginx", unit="nginx.service", exe="/usr/sbin/nginx")
+    assert probe.name == "port 80/tcp by nginx in nginx.service from /usr/sbin/nginx"
+
+
+@pytest.mark.parametrize(("port", "field"), [
+    ("{port: 80, exe: nginx}", "exe"),  # not an absolute path
+    ("{port: 80, unit: 'nginx service'}", "unit"),
+    ("{port: 80, unit: [nginx]}", "unit"),
+])
+def test_a_bad_unit_or_exe_is_one_clear_error(port: str, field: str) -> None:
+    from runner.core.spec import scenario_from_text
+    with pytest.raises(InvalidInput) as info:
+        scenario_from_text(SPEC.replace("{PORT}", port), "t.yaml")
+    assert info.value.path == "t.yaml" and field in str(info.value), str(info.value)
 
 
 def test_params_of_a_probe_built_in_code() -> None:
