@@ -732,6 +732,8 @@ def ask_service(q, deadline):
             if not chunk:
                 raise OSError("systemd closed the connection")
             line += chunk
+            if len(line) > 4096:
+                raise OSError("systemd's answer to AUTH is too long")
         if not line.startswith(b"OK "):
             raise OSError("systemd refused the connection")
         sock.sendall(b"BEGIN\r\n")
