@@ -520,6 +520,31 @@ def test_an_error_is_retried_too_but_never_becomes_a_fail() -> None:
     assert result.outcome is ERROR and result.attempts == 3
 
 
+def test_rules_2_judge_a_plain_probe_after_the_within_probes_settled() -> None:
+    """The log a service writes once started is looked for after the service had its time."""
+    guest = CannedGuest({"answers": [ok("", 7), ok("", 7), ok("")],
+                         "test -s /var/log/x.log": [ok("", 1), ok("")]})
+    clock = StepClock()
+    waits, plain = probe(CommandProbe("answers"), within=5), probe(CommandProbe("test -s /var/log/x.log"))
+    results = run_probes(guest, [waits, plain], clock, rules=V2)
+    assert [(r.outcome, r.attempts) for r in results] == [(PASS, 3), (PASS, 2)]
+    # Rules 1 stopped at the first failed plain probe, as their cassettes recorded.
+    guest = CannedGuest({"answers": [ok("", 7), ok("")], "test -s /var/log/x.log": [ok("", 1), ok("")]})
+    results = run_probes(guest, [waits, plain], StepClock(), rules=V1)
+    assert [(r.outcome, r.attempts) for r in results] == [(FAIL, 1), (FAIL, 1)]
+
+
+def test_rules_2_still_wait_no_longer_than_within_and_recheck_nothing_without_a_wait() -> None:
+    guest = CannedGuest({"answers": ok("", 7), "nginx -t": ok("", 1)})
+    clock = StepClock()
+    results = run_probes(guest, [probe(CommandProbe("answers"), within=2), probe(CommandProbe("nginx -t"))],
+                         clock, rules=V2)
+    assert [(r.outcome, r.attempts) for r in results] == [(FAIL, 5), (FAIL, 2)] and clock.t == 2.0
+    clock = StepClock()
+    [result] = run_probes(guest, [probe(CommandProbe("nginx -t"))], clock, rules=V2)
+    assert result.attempts == 1 and clock.sleeps == 0
+
+
 # --- through the real replayer ---------------------------------------------------------------
 
 def test_each_kind_through_a_replayed_cassette() -> None:

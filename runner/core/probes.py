@@ -528,24 +528,41 @@ def run_probes(guest: Guest, probes: Sequence[ProbeLike], clock: Clock,
     """Check every probe as ``rules`` say; retry those with ``within`` until they pass or time runs out.
 
     Probes wait side by side, so the longest ``within`` bounds the whole wait,
-    not their sum. Once a probe without ``within`` has failed the verdict is
-    settled, so nothing waits any more (a noop run stays quick).
+    not their sum. Under rules 1, once a probe without ``within`` has failed
+    the verdict is settled, so nothing waits any more (a noop run stays
+    quick). That let a plain probe be judged before the thing a ``within``
+    probe waits for had happened (a log file the service writes once it has
+    started), which the slow tools of rules 1 hid and the helper's quick
+    answers do not: under rules 2 the ``within`` probes always get their
+    time, and a plain probe that failed before they settled is checked once
+    more after them.
     """
     results = [_check(guest, p, rules) for p in probes]
     if not wait:
         return results
-    settled = any(r.outcome == _FAIL and not p.within for p, r in zip(probes, results, strict=True))
+    settled = rules < Rules.V2 and \
+        any(r.outcome == _FAIL and not p.within for p, r in zip(probes, results, strict=True))
     start = clock.now()
+    waited = False
     while not settled:
         pending = [i for i, (p, r) in enumerate(zip(probes, results, strict=True))
                    if r.outcome != _PASS and p.within and start + p.within > clock.now()]
         if not pending:
             break
         clock.sleep(RETRY_INTERVAL)
+        waited = True
         for i in pending:
-            r = _check(guest, probes[i], rules)
-            results[i] = ProbeResult(r.name, r.kind, r.outcome, r.detail, results[i].attempts + 1)
+            results[i] = _again(guest, probes[i], rules, results[i])
+    if waited and rules >= Rules.V2:
+        for i, (p, r) in enumerate(zip(probes, results, strict=True)):
+            if not p.within and r.outcome != _PASS:
+                results[i] = _again(guest, p, rules, r)
     return results
+
+
+def _again(guest: Guest, probe: ProbeLike, rules: Rules, before: ProbeResult) -> ProbeResult:
+    r = _check(guest, probe, rules)
+    return ProbeResult(r.name, r.kind, r.outcome, r.detail, before.attempts + 1)
 
 
 def _check(guest: Guest, probe: ProbeLike, rules: Rules) -> ProbeResult:
