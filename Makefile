@@ -5,6 +5,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# The venv is (re)installed when pyproject.toml is newer than this stamp. A stamp of its own,
+# because touching $(PY) would follow its symlink to the system's python and say nothing.
+STAMP  := $(VENV)/.installed
 RB     := $(PY) -m runner
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
                 python3-venv g++ cmake ninja-build chromium chromium-driver
@@ -12,11 +15,11 @@ ARGS ?=
 
 .PHONY: setup test test-fast bench replay verify perf reliability lint image doctor clean
 
-$(PY): pyproject.toml
-	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
+$(STAMP): pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	@touch $(PY)
+	$(PY) -m pip install -q -e '.[test,mcp,inspect]'
+	@touch $(STAMP)
 
 ## setup: system packages (apt, when missing) and the Python environment; idempotent
 setup:
@@ -26,7 +29,7 @@ setup:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
-	@$(MAKE) --no-print-directory $(PY)
+	@$(MAKE) --no-print-directory $(STAMP)
 
 ## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests
 test: setup lint
@@ -59,7 +62,7 @@ reliability: setup
 
 ## lint: ruff, and import-linter's layer and no-cycle contracts (pyproject.toml)
 lint: setup
-	$(PY) -m ruff check runner tests
+	$(PY) -m ruff check runner tests examples
 	$(VENV)/bin/lint-imports
 
 image: setup

@@ -32,6 +32,8 @@ class BadServer:
         self.requests: list[dict[str, Any]] = []  # every request body, those then reset included
         self.headers: list[dict[str, str]] = []
         self.connections = 0  # TCP connections accepted, those then reset included
+        self.props = '{"total_slots": 1}'  # what GET /props answers ("drip": one byte at a time)
+        self.paths: list[str] = []  # every request's path and query, as the server saw it
         self._lock = threading.Lock()
 
     def next_behaviour(self) -> str:
@@ -43,6 +45,13 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            if ok:
+                with server._lock:
+                    server.paths.append(self.path)
+            return ok
 
         def setup(self) -> None:
             with server._lock:
@@ -57,7 +66,35 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            self._send(200, b'{"total_slots": 1}')
+            with server._lock:
+                props = server.props
+            if props == "drip":
+                self._drip_body()
+                return
+            self._send(200, props.encode())
+
+        def _drip(self, data: bytes, every: float = 0.5) -> None:
+            """``data`` one byte at a time, every ``every`` seconds (at most a minute), until the
+            client goes away: each read gets a byte long before any socket timeout."""
+            end = time.monotonic() + 60
+            try:
+                for i in range(len(data)):
+                    if time.monotonic() > end:
+                        break
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(every)
+            except OSError:
+                pass
+            self.close_connection = True
+
+        def _drip_body(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.wfile.flush()
+            self._drip(b" " * 100000)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
@@ -97,6 +134,27 @@ def _handler(server: BadServer) -> type[BaseHTTPRequestHandler]:
             elif b == "huge":
                 blob = json.dumps(completion({"role": "assistant", "content": "x" * (5 * 1024 * 1024)}))
                 self._send(200, blob.encode())
+            elif b.startswith("raw:"):  # this exact body, HTTP 200: any JSON text, broken or not
+                self._send(200, b[4:].encode())
+            elif b == "drip-body":  # headers at once, then the body one byte every 0.5 s
+                self._drip_body()
+            elif b == "drip-headers":  # the status line, then the headers one byte every 0.5 s
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                self._drip(b"X-Slow: " + b"y" * 10000 + b"\r\n\r\n")
+            elif b == "endless":  # a chunked body that never ends, 1 KB every 20 ms (under the cap)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                end = time.monotonic() + 60
+                try:
+                    while time.monotonic() < end:
+                        self.wfile.write(b"400\r\n" + b" " * 1024 + b"\r\n")
+                        self.wfile.flush()
+                        time.sleep(0.02)
+                except OSError:
+                    pass
+                self.close_connection = True
             elif b == "reset":  # RST instead of a reply: linger on, timeout 0, then close
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 self.connection.close()

@@ -7,6 +7,7 @@ assertions, so a replay is as faithful as the real channel.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -217,4 +218,24 @@ def test_output_flood_is_bounded(conform: Callable[[Check], None]) -> None:
         assert r.truncated
         assert g.exec("df --output=avail /run/rb | tail -1", 10).exit_code == 0
         assert g.exec("echo ok", 10).output == "ok\n"
+    conform(check)
+
+
+def test_a_reboot_keeps_the_disk_loses_the_rest_and_the_channel_comes_back(
+        conform: Callable[[Check], None]) -> None:
+    """Last in this module: it reboots the module's VM (each transport's own, and the replay's)."""
+    def check(g: Guest) -> None:
+        boot_id = "cat /proc/sys/kernel/random/boot_id"
+        before = g.run_clean(boot_id, 15).output.strip()
+        g.exec("cd /etc; touch /root/rb-kept /run/rb-lost", 10)
+        r = g.reboot(420)
+        assert r.clean and r.seconds > 0  # systemctl reboot, not a reset from outside
+        after = g.run_clean(f"{boot_id}; ls /root/rb-kept /run/rb-lost 2>&1; date +%s", 15)
+        lines = after.output.splitlines()
+        assert lines[0] != before and len(lines[0]) == 36, after.output
+        assert "/root/rb-kept" in lines and any("/run/rb-lost" in x and "No such" in x for x in lines)
+        assert abs(int(lines[-1]) - time.time()) < 120  # the clock was set (replay: just recorded)
+        assert g.exec("pwd; echo back", 10).output == "/root\nback\n"  # a fresh agent shell
+        assert g.alive()
+        g.run_clean("rm -f /root/rb-kept", 10)
     conform(check)

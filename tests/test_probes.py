@@ -22,7 +22,7 @@ import pytest
 
 from runner.core.cassette import FORMAT_VERSION, Cassette
 from runner.core.errors import InvalidInput, ReplayMismatch
-from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.outcomes import ProbeOutcome
 from runner.core.paths import repo_root
 from runner.core.probes import (
@@ -93,6 +93,9 @@ class CannedGuest(Guest):
 
     def alive(self) -> bool:
         raise AssertionError("a probe has no business asking")
+
+    def reboot(self, timeout: float) -> RebootResult:
+        raise AssertionError("a probe never reboots the guest")
 
 
 def replayed(events: list[dict[str, Any]], header: dict[str, Any] | None = None) -> Cassette:

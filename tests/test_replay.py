@@ -9,6 +9,7 @@ never a traceback, a hang or a crash of the whole command.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -82,6 +83,17 @@ class _BrokenServer(Model):
         raise ModelServerError("HTTP 500 from the model server")
 
 
+class _InstantGuest(ReplayGuest):
+    """The recorded guest, answering at once: its recorded durations never elapse here, so they
+    are not claimed (a cassette's clock must leave room for what ran between its readings)."""
+
+    def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
+        result = dict(super()._next(op, given))
+        if "duration" in result:
+            result["duration"] = 0.0
+        return result
+
+
 def _record_infra_error(path: Path) -> Path:
     """Record a real infra-error run: the oracle cassette's guest, a model server that fails."""
     source = Cassette.load(ORACLE)
@@ -90,7 +102,7 @@ def _record_infra_error(path: Path) -> Path:
     with CassetteWriter(path) as writer:
         writer.write({**source.header, "model": model.fingerprint(), "agent": "model",
                       "protocol": {"name": "tools", "reason": "test"}})
-        ep = run_episode(scenario, RecordingGuest(ReplayGuest(source), writer),
+        ep = run_episode(scenario, RecordingGuest(_InstantGuest(source), writer),
                          RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer,
                          track_fix=bool(source.header.get("track_fix")),  # as the header says
                          rules=rules_of(source.header))
@@ -131,12 +143,25 @@ def test_a_run_that_stops_short_of_the_recording_is_a_mismatch(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # One more recorded clock reading than the run asks for: the run did not do what was recorded.
     events = _events(ORACLE)
-    events.insert(-1, {"type": "clock", "t": 999.0})
+    # (A reading the clock could have given: not after the episode's end, see the next test.)
+    last = [e for e in events if e["type"] == "clock"][-1]["t"]
+    events.insert(-1, {"type": "clock", "t": last})
     cassette = _write(tmp_path / "c.jsonl", events)
     code, out, _err = _replay(capsys, str(cassette))
     assert code == 1
     row = _row(out, cassette)
-    assert row[5] == "mismatch" and "the cassette has 1 more (the next: t=999.0)" in row[6], row
+    assert row[5] == "mismatch" and f"the cassette has 1 more (the next: t={last})" in row[6], row
+
+
+def test_a_reading_after_the_episode_ended_is_blamed_on_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = _events(ORACLE)
+    events.insert(-1, {"type": "clock", "t": 999.0})
+    cassette = _write(tmp_path / "c.jsonl", events)
+    code, out, _err = _replay(capsys, str(cassette))
+    row = _row(out, cassette)
+    assert code == 2 and row[5] == "unreadable", row
+    assert f"{cassette}:{len(events) - 1}: clock.t: clock reading t=999.0 is later than" in row[6]
 
 
 def test_a_different_verdict_is_different(tmp_path: Path,
@@ -178,16 +203,57 @@ def test_an_edited_spec_is_spec_changed_unless_allowed(
     assert "spec changed" in row[6], row
 
 
+def _own_scenario(tmp_path: Path) -> tuple[Path, Path]:
+    """A cassette of a scenario kept outside the suite (id ``my-cpu-hog``) and its spec file."""
+    spec = tmp_path / "mine" / "my-cpu-hog.yaml"
+    spec.parent.mkdir()
+    text = (ROOT / "specs" / "cpu-hog.yaml").read_text().replace("id: cpu-hog", "id: my-cpu-hog")
+    spec.write_text(text)
+    events = _events(ORACLE)
+    events[0]["scenario"]["id"] = events[-1]["scenario"] = "my-cpu-hog"
+    events[0]["scenario"]["path"] = str(spec)
+    events[0]["spec_hash"] = events[0]["scenario"]["spec_hash"] = \
+        hashlib.sha256(text.encode()).hexdigest()
+    return _write(tmp_path / "cassettes" / "my-cpu-hog.jsonl", events), spec
+
+
 def test_a_deleted_spec_is_spec_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cassette, spec = _copy_with_spec(tmp_path)
-    events = _events(cassette)
-    events[0]["scenario"]["id"] = "no-such-scenario"  # so the checkout's specs/ has none either
-    _write(cassette, events)
+    cassette, spec = _own_scenario(tmp_path)
     assert _replay(capsys, "--specs", str(spec.parent), str(cassette))[0] == 0
     spec.unlink()
     code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
-    assert code == 1 and row[5] == "spec-changed" and "is gone" in row[6], row
+    assert code == 1 and row[5] == "spec-changed" and "no spec with id 'my-cpu-hog'" in row[6], row
+
+
+def test_the_header_path_is_never_read_wherever_replay_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the spec named by the header was hashed (any host file: /etc/passwd), and a
+    cassette whose id is not in specs/ replayed "same" from the repo root only, bypassing --specs."""
+    cassette, spec = _own_scenario(tmp_path)
+    for cwd in (ROOT, tmp_path, spec.parent):
+        monkeypatch.chdir(cwd)
+        code, out, _err = _replay(capsys, str(cassette))
+        row = _row(out, cassette)
+        assert code == 1 and row[5] == "spec-changed" and "cannot prove" in row[6], row
+        code, out, _err = _replay(capsys, "--specs", str(tmp_path / "cassettes"), str(cassette))
+        assert code == 1 and _row(out, cassette)[5] == "spec-changed"
+    # Beside the cassette, or in a --specs folder, it is found by its id: same.
+    shutil.copy(spec, cassette.parent / "whatever.yaml")
+    code, out, _err = _replay(capsys, str(cassette))
+    assert code == 0 and _row(out, cassette)[5] == "same"
+    # The header naming a host file: never hashed, never quoted.
+    events = _events(ORACLE)
+    events[0]["scenario"]["path"] = "/etc/passwd"
+    events[0]["scenario"]["id"] = events[-1]["scenario"] = "passwd"
+    events[0]["spec_hash"] = events[0]["scenario"]["spec_hash"] = \
+        hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
+    hostile = _write(tmp_path / "hostile" / "passwd.jsonl", events)
+    code, out, _err = _replay(capsys, str(hostile))
+    row = _row(out, hostile)
+    assert code == 1 and row[5] == "spec-changed" and "/etc/passwd" not in row[6], row
+    digest = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
+    assert digest[:12] not in out
 
 
 def test_a_spec_is_found_by_id_when_the_recorded_path_is_elsewhere(tmp_path: Path) -> None:
@@ -201,7 +267,7 @@ def test_a_spec_is_found_by_id_when_the_recorded_path_is_elsewhere(tmp_path: Pat
     (specs / "renamed.yaml").write_text((ROOT / "specs" / "cpu-hog.yaml").read_text() + "# edit\n")
     assert "renamed.yaml changed since the recording" in (spec_change(cas, [specs]) or "")
     (specs / "renamed.yaml").unlink()
-    assert "is gone" in (spec_change(cas, [specs]) or "")
+    assert "no spec with id 'cpu-hog'" in (spec_change(cas, [specs]) or "")
 
 
 # --- unreadable: one line naming the file, the line and the field ------------------------------

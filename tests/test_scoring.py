@@ -8,7 +8,9 @@ state is a set of flags (``touch X`` sets one, ``rm X`` clears it, the probe
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +28,16 @@ from runner.app.replay import replay_one
 from runner.app.report import assists, render_table
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
-from runner.core.episode import Episode, run_episode, weighted_score
-from runner.core.errors import InvalidInput
+from runner.core.episode import UPTIME_COMMAND, Episode, run_episode, weighted_score
+from runner.core.errors import GuestDown, InvalidInput
+from runner.core.guest import CommandResult, RebootResult
 from runner.core.model import ScriptedModel, oracle
-from runner.core.outcomes import AgentKind, ProbeOutcome, Verdict
+from runner.core.outcomes import AgentKind, ProbeOutcome, Recheck, Verdict
 from runner.core.paths import repo_root
 from runner.core.probes import ProbeResult
 from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
+from runner.core.rules import CURRENT_RULES, Rules
 from runner.core.spec import (
     HINTS_HEADING,
     load_spec,
@@ -113,7 +117,6 @@ def test_hints_milestones_and_weights_load(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("milestone", "field", "line"), [
     ("{name: x, command_matches: '(?<=a)b'}", "milestones[0].command_matches", 11),
-    ("{name: x, command_matches: 'a', output_contains: 'b'}", "milestones[0]", 11),
     ("{name: x}", "milestones[0]", 11),
     ("{name: x, output_contains: ''}", "milestones[0].output_contains", 11),
     ("{name: x, output_contains: y, extra: 1}", "milestones[0]", 11),
@@ -393,6 +396,142 @@ def test_bad_hint_flags_are_refused_before_any_work(tmp_path: Path, argv: list[s
     assert code == 2
     assert ("--hints" in capsys.readouterr().err or "--ladder" in argv)
     assert not (tmp_path / "runs").exists()
+
+
+# --- does the fix last? (recheck_after, reboot) ------------------------------------------------
+
+LASTING = SPEC.split("hints:")[0] + "probes:" + SPEC.split("probes:")[1]
+
+
+def _lasting(tmp_path: Path, keys: str, commands: list[str], *, expires: dict[str, float] | None = None,
+             record: Path | None = None, rules: Rules = CURRENT_RULES,
+             guest: FlagGuest | None = None, text: str = LASTING) -> tuple[Episode, FlagGuest]:
+    """The flags scenario (``text``) with the re-check ``keys`` added, run by a scripted agent."""
+    scenario = load_spec(_spec(tmp_path, text + keys))
+    guest = guest or FlagGuest(expires=expires)
+    model = ScriptedModel(AgentKind.ORACLE, commands, "done")
+    protocol = get_protocol("tools")
+    if record is None:
+        return run_episode(scenario, guest, model, protocol, Clock(), None, rules=rules), guest
+    with CassetteWriter(record) as writer:
+        writer.write(header(scenario, model, protocol, "test", RunOptions(track_fix=False), 0, {}))
+        ep = run_episode(scenario, RecordingGuest(guest, writer), RecordingModel(model, writer),
+                         protocol, Clock(writer), writer, rules=rules)
+    return ep, guest
+
+
+# Flag a "lives in /run" (a process started by hand, a remount): a reboot loses it.
+IN_RUN = LASTING.replace("run: test -e a", "run: test -e run-a")
+
+
+def test_the_recheck_keys_load_and_round_trip_through_a_header(tmp_path: Path) -> None:
+    s = load_spec(_spec(tmp_path, LASTING + "recheck_after: 90\nreboot: true\n"))
+    assert (s.recheck_after, s.reboot) == (90.0, True)
+    d = json.loads(json.dumps(scenario_to_dict(s)))
+    assert (d["recheck_after"], d["reboot"]) == (90.0, True)
+    assert scenario_from_dict(d) == s
+    plain = scenario_to_dict(load_spec(_spec(tmp_path, LASTING)))
+    assert "recheck_after" not in plain and "reboot" not in plain  # old headers read back the same
+    d.update(recheck_after=0)
+    with pytest.raises(InvalidInput, match="recheck_after"):
+        scenario_from_dict(d)
+
+
+@pytest.mark.parametrize(("keys", "field"), [
+    ("recheck_after: 0\n", "recheck_after"), ("recheck_after: -5\n", "recheck_after"),
+    ("recheck_after: 601\n", "recheck_after"), ("recheck_after: soon\n", "recheck_after"),
+    ("recheck_after: true\n", "recheck_after"), ("reboot: yes please\n", "reboot"),
+    ("reboot: 1\n", "reboot"),
+])
+def test_bad_recheck_keys_are_refused_with_file_and_field(tmp_path: Path, keys: str,
+                                                          field: str) -> None:
+    path = _spec(tmp_path, LASTING + keys)
+    with pytest.raises(InvalidInput) as info:
+        load_spec(path)
+    assert info.value.field == field and str(info.value).startswith(f"{path}:"), str(info.value)
+
+
+def test_a_fix_a_reboot_loses_fails_and_the_lasting_one_passes(tmp_path: Path) -> None:
+    ep, guest = _lasting(tmp_path, "reboot: true\n", ["touch run-a", "touch b"], text=IN_RUN)
+    assert ep.verdict is Verdict.FAIL and guest.reboots == 1
+    assert ep.reason == "did not survive a reboot: flag a"
+    assert ep.failed_recheck is Recheck.REBOOT and ep.score == 0.25  # flag b still counts
+    assert ep.to_dict()["failed_recheck"] == "reboot"
+    assert [r["outcome"] for r in ep.probes] == ["fail", "pass"]  # the probes as re-checked
+    ep, guest = _lasting(tmp_path, "reboot: true\n", ["touch a", "touch b"])
+    assert ep.verdict is Verdict.PASS and guest.reboots == 1, ep.reason
+    assert ep.failed_recheck is None and ep.score == 1.0 and ep.to_dict()["failed_recheck"] is None
+
+
+def test_a_fix_undone_after_a_pause_fails_and_names_the_wait(tmp_path: Path) -> None:
+    ep, guest = _lasting(tmp_path, "recheck_after: 1\nreboot: true\n", ["touch a", "touch b"],
+                         expires={"a": 0.3})
+    assert ep.verdict is Verdict.FAIL and ep.failed_recheck is Recheck.PAUSE
+    assert re.fullmatch(r"did not last: flag a after [12] s", ep.reason), ep.reason
+    assert guest.reboots == 0  # a failed pause re-check ends the judging
+    ep, guest = _lasting(tmp_path, "recheck_after: 1\nreboot: true\n", ["touch a", "touch b"])
+    assert ep.verdict is Verdict.PASS and guest.reboots == 1 and ep.failed_recheck is None
+
+
+def test_a_faked_uptime_cannot_cut_the_pause_short(tmp_path: Path) -> None:
+    """The guest's uptime leaps 1000 s per reading (an agent bind-mounted a FIFO over it): the
+    pause still lasts the host's ``recheck_after`` and names the host's seconds."""
+    class Leaping(FlagGuest):
+        reads = 0
+
+        def run_clean(self, command: str, timeout: float) -> CommandResult:
+            if command == UPTIME_COMMAND:
+                self.reads += 1
+                return CommandResult(0, f"{self.reads * 1000}.00\n", 0.01)
+            return super().run_clean(command, timeout)
+
+    t0 = time.monotonic()
+    ep, guest = _lasting(tmp_path, "recheck_after: 1.5\n", ["touch a", "touch b"],
+                         expires={"a": 0.5}, guest=Leaping(expires={"a": 0.5}))
+    assert time.monotonic() - t0 >= 1.5 and guest.reads >= 2
+    assert ep.reason.startswith("did not last: flag a after "), ep.reason
+    assert 1 <= int(ep.reason.split(" after ")[1].split()[0]) < 100  # the host's, not 1000s
+
+
+def test_rules_1_never_recheck(tmp_path: Path) -> None:
+    ep, guest = _lasting(tmp_path, "reboot: true\n", ["touch run-a", "touch b"], text=IN_RUN,
+                         rules=Rules.V1)
+    assert ep.verdict is Verdict.PASS and guest.reboots == 0
+
+
+def test_a_guest_that_does_not_come_back_is_an_infra_error(tmp_path: Path) -> None:
+    class NoReboot(FlagGuest):
+        def reboot(self, timeout: float) -> RebootResult:
+            raise GuestDown("no shell on the serial console within 300s")
+
+    ep, _ = _lasting(tmp_path, "reboot: true\n", ["touch a", "touch b"], guest=NoReboot())
+    assert ep.verdict is Verdict.INFRA_ERROR and ep.failed_recheck is None
+    assert ep.reason.startswith("the guest did not come back from the reboot re-check"), ep.reason
+
+
+@pytest.mark.parametrize(("commands", "expires", "text", "failed"), [
+    (["touch a", "touch b"], None, LASTING, None),
+    (["touch a", "touch b"], {"a": 0.2}, LASTING, Recheck.PAUSE),
+    (["touch run-a", "touch b"], None, IN_RUN, Recheck.REBOOT),
+])
+def test_rechecks_record_and_replay_offline(tmp_path: Path, commands: list[str],
+                                            expires: dict[str, float] | None, text: str,
+                                            failed: Recheck | None) -> None:
+    cassette = tmp_path / "flags.jsonl"
+    ep, _ = _lasting(tmp_path, "recheck_after: 0.5\nreboot: true\n", commands, expires=expires,
+                     record=cassette, text=text)
+    assert ep.failed_recheck is failed, ep.reason
+    loaded = Cassette.load(cassette)  # every line valid against the cassette schema
+    assert (loaded.header["scenario"]["recheck_after"], loaded.header["scenario"]["reboot"]) == (
+        0.5, True)
+    reboots = [e for e in loaded.stream("guest") if e["op"] == "reboot"]
+    assert len(reboots) == (0 if failed is Recheck.PAUSE else 1)
+    assert loaded.verdict is not None and loaded.verdict["failed_recheck"] == (
+        failed.value if failed else None)
+    out = replay_one(cassette, offline=True)
+    assert out.same, out.note
+    assert out.episode is not None and out.episode.failed_recheck is failed
+    assert out.episode.reason == ep.reason
 
 
 # --- on a real VM ---------------------------------------------------------------------------------

@@ -253,3 +253,34 @@ def test_shortcut_names_are_unique_and_kinds_known(tmp_path: Path) -> None:
         load_spec(_write(tmp_path, GOOD + SHORTCUTS))
     with pytest.raises(InvalidInput, match=r"shortcuts"):
         load_spec(_write(tmp_path, GOOD + SHORTCUTS.replace("kind: other", "kind: sneaky")))
+
+
+def test_every_committed_spec_is_proven_against_at_least_two_shortcuts() -> None:
+    """The adversarial review is part of a scenario: verify runs each shortcut and proves it fails."""
+    for spec in load_specs([repo_root() / "specs"]):
+        assert len(spec.shortcuts) >= 2, f"{spec.id} lists {len(spec.shortcuts)} shortcut(s)"
+        assert all(cut.why.strip() and cut.commands for cut in spec.shortcuts), spec.id
+
+
+def test_the_recheck_keys_in_the_spec_and_the_cassette_schemas(tmp_path: Path) -> None:
+    """``recheck_after`` and ``reboot``: read from the spec, written to the header only when set,
+    and the cassette schema accepts the header, the judge's reboot exchange and the verdict."""
+    from runner.core.cassette import _validator
+    valid = _validator().is_valid
+    s = load_spec(_write(tmp_path, GOOD + "recheck_after: 30\nreboot: true\n"))
+    assert (s.recheck_after, s.reboot) == (30.0, True)
+    head = {"type": "header", "format": 1, "scenario": json.loads(json.dumps(scenario_to_dict(s)))}
+    assert valid(head) and scenario_from_dict(head["scenario"]) == s
+    assert "reboot" not in scenario_to_dict(load_spec(_write(tmp_path, GOOD, "plain.yaml")))
+    for bad in ({"recheck_after": 0}, {"recheck_after": "30"}, {"reboot": "yes"}):
+        assert not valid({**head, "scenario": {**head["scenario"], **bad}}), bad
+    reboot = {"type": "guest", "op": "reboot", "input": {"timeout": 300.0},
+              "result": {"clean": True, "seconds": 41.2}}
+    assert valid(reboot)
+    assert valid({**reboot, "result": {"error": "guest-down", "message": "no shell"}})
+    assert not valid({**reboot, "result": {"clean": True}})
+    assert not valid({**reboot, "input": {"timeout": 300.0, "command": "reboot"}})
+    verdict = {"type": "verdict", "verdict": "fail", "scenario": "demo", "agent": "oracle",
+               "model": "oracle", "protocol": "tools"}
+    for stage, ok in (("pause", True), ("reboot", True), (None, True), ("later", False)):
+        assert valid({**verdict, "failed_recheck": stage}) is ok, stage

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from runner.app.verify import (
+    CHECKS,
+    ShortcutRun,
+    Verification,
+    add_shortcuts,
+    json_rows,
+    judge_shortcut,
+    merge,
+    shortcut_cassette,
+    table_rows,
+)
+from runner.core.episode import Episode
+from runner.core.outcomes import AgentKind, ReplayResult, Verdict
 from runner.core.paths import repo_root
+from runner.core.spec import load_spec, load_specs
 
 
 def _verify(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
@@ -24,10 +39,12 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     specs = sorted((repo_root() / "specs").glob("*.yaml"))
     assert f"{len(specs)}/{len(specs)} scenarios valid" in r.stdout
     assert len(list(tmp_path.glob("*.jsonl"))) == len(specs)
-    # verify ends by writing an HTML report of its noop and oracle episodes
+    shortcuts = sum(len(s.shortcuts) for s in load_specs([repo_root() / "specs"]))
+    assert len(list((tmp_path / "shortcuts").rglob("*.jsonl"))) == shortcuts
+    # verify ends by writing an HTML report of its noop, oracle and shortcut episodes
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("[verify] report: ")]
     page = Path(line.split(": ", 1)[1]).read_text()
-    assert page.count('class="episode"') == 2 * len(specs)
+    assert page.count('class="episode"') == 2 * len(specs) + shortcuts
     assert all(spec.stem in page for spec in specs)
 
 
@@ -60,14 +77,74 @@ def test_verify_names_the_failing_check(tmp_path: Path) -> None:
     assert f"0/{len(BROKEN)} scenarios valid" in r.stdout
 
 
+# A scenario proven against one shortcut: nginx started by hand is not nginx started by systemd.
+SHORTCUT_SPEC = textwrap.dedent("""\
+    id: {id}
+    title: nginx is stopped
+    image: debian-12-nginx
+    task: The site is down.
+    setup: [systemctl stop nginx]
+    probes:
+      - service: {{name: nginx, active: true}}
+    solution: [systemctl start nginx]
+    shortcuts:
+      - name: Start it by hand!
+        kind: started-by-hand
+        why: nginx runs, but not as its unit, so it does not come back after a restart
+        commands: [/usr/sbin/nginx]
+    """)
+PASSING = ("  - name: the fix itself\n"
+           "    kind: other\n"
+           "    why: not a shortcut at all; verify must say it passed\n"
+           "    commands: [systemctl start nginx]\n")
+
+
 @pytest.mark.vm
 def test_repeat_runs_the_checks_again_and_agreeing_tries_are_not_flaky(tmp_path: Path) -> None:
-    r = _verify(str(repo_root() / "specs" / "nginx-stopped.yaml"), "--repeat", "2",
-                "--record-to", str(tmp_path), "--format", "plain")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "by-hand.yaml").write_text(SHORTCUT_SPEC.format(id="by-hand"))
+    r = _verify(str(tmp_path / "specs"), "--repeat", "2", "--record-to", str(tmp_path / "rec"),
+                "--format", "plain")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("nginx-stopped"))
-    assert row.split()[5:7] == ["2", "no"], row  # tries, flaky
-    assert "try 2 of 2" in r.stderr and len(list(tmp_path.glob("*.jsonl"))) == 1
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("by-hand"))
+    assert row.split()[1:8] == ["ok", "ok", "ok", "ok", "ok:1/1", "2", "no"], row
+    assert "try 2 of 2" in r.stderr and len(list((tmp_path / "rec").glob("*.jsonl"))) == 1
+    assert sorted(p.relative_to(tmp_path / "rec").as_posix()
+                  for p in (tmp_path / "rec").rglob("*.jsonl")) == [
+        "by-hand.jsonl", "shortcuts/by-hand/start-it-by-hand.jsonl"]
+
+
+@pytest.mark.vm
+def test_a_shortcut_that_passes_makes_the_scenario_invalid_and_is_named(tmp_path: Path) -> None:
+    from runner.app.replay import replay_one
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "proven.yaml").write_text(SHORTCUT_SPEC.format(id="proven"))
+    (specs / "fooled.yaml").write_text(SHORTCUT_SPEC.format(id="fooled") + PASSING)
+    (specs / "unproven.yaml").write_text(SHORTCUT_SPEC.format(id="unproven").split("shortcuts:")[0])
+    rec = tmp_path / "rec"
+    r = _verify(str(specs), "--record-to", str(rec), "--format", "json")
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    rows = {row["scenario"]: row for row in json.loads(r.stdout)}
+    assert rows["proven"]["valid"] is True and rows["proven"]["shortcuts rejected"] == "ok:1/1"
+    assert rows["fooled"]["valid"] is False and rows["fooled"]["shortcuts rejected"] == "FAIL:1/2"
+    assert rows["unproven"]["valid"] is False and rows["unproven"]["shortcuts rejected"] == "none"
+    assert all(rows[s][c] == "ok" for s in rows for c in CHECKS[:4])  # only the fifth differs
+    [passed] = [p for p in rows["fooled"]["problems"] if p.startswith("shortcut ")]
+    assert passed.startswith("shortcut 'the fix itself' passed: all 1 probes passed"), passed
+    by_hand, itself = rows["fooled"]["shortcuts"]
+    assert (by_hand["rejected"], by_hand["verdict"], itself["rejected"]) == (True, "fail", False)
+    assert "not proven: the spec lists no shortcuts" in rows["unproven"]["problems"][0]
+    # every shortcut's cassette is beside the oracle's, and replays offline the same
+    for sid, stem in [("proven", "start-it-by-hand"), ("fooled", "start-it-by-hand"),
+                      ("fooled", "the-fix-itself")]:
+        path = rec / "shortcuts" / sid / f"{stem}.jsonl"
+        assert replay_one(path, offline=True).result is ReplayResult.SAME, path
+    assert rows["fooled"]["shortcuts"][1]["cassette"] == str(rec / "shortcuts/fooled/the-fix-itself.jsonl")
+    # the table names the shortcut that passed
+    r = _verify(str(specs / "fooled.yaml"), "--record-to", str(rec), "--format", "plain")
+    assert "fooled: shortcut 'the fix itself' passed: " in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("tries,flaky,valid", [
@@ -76,11 +153,71 @@ def test_repeat_runs_the_checks_again_and_agreeing_tries_are_not_flaky(tmp_path:
     ([False, False], False, False),
 ])
 def test_tries_that_disagree_are_flaky(tries: list[bool], flaky: bool, valid: bool) -> None:
-    from runner.app.verify import CHECKS, Verification, merge
-
-    runs = [Verification("s", checks={**dict.fromkeys(CHECKS, True), "oracle passes": ok})
+    runs = [Verification("s", checks={**dict.fromkeys(CHECKS[:4], True), "oracle passes": ok})
             for ok in tries]
     merged = merge(runs)
+    add_shortcuts(merged, [ShortcutRun("by hand", "started-by-hand", True, "fail", "inactive")])
     assert (merged.flaky, merged.valid, merged.tries) == (flaky, valid, len(tries))
     if flaky:
         assert merged.problems[0] == f"flaky: 'oracle passes' held in {sum(tries)} of {len(tries)} tries"
+
+
+def _ep(verdict: Verdict, reason: str = "why") -> Episode:
+    return Episode(scenario="s", agent=AgentKind.SCRIPTED, model="scripted", protocol="tools",
+                   verdict=verdict, reason=reason)
+
+
+@pytest.mark.parametrize(("verdicts", "rejected", "deciding"), [
+    ([Verdict.FAIL], True, Verdict.FAIL),
+    ([Verdict.FAIL, Verdict.FAIL], True, Verdict.FAIL),
+    ([Verdict.PASS], False, Verdict.PASS),
+    ([Verdict.FAIL, Verdict.PASS], False, Verdict.PASS),  # passing sometimes is passing
+    ([Verdict.INFRA_ERROR], None, Verdict.INFRA_ERROR),  # proves nothing
+    ([Verdict.FAIL, Verdict.INVALID_SCENARIO], None, Verdict.INVALID_SCENARIO),
+    ([Verdict.INFRA_ERROR, Verdict.PASS], False, Verdict.PASS),
+])
+def test_a_shortcut_is_rejected_only_by_failing_every_try(verdicts: list[Verdict],
+                                                          rejected: bool | None,
+                                                          deciding: Verdict) -> None:
+    run = judge_shortcut("copy the page", "served-elsewhere", [_ep(v) for v in verdicts])
+    assert (run.rejected, run.verdict, run.tries) == (rejected, deciding.value, len(verdicts))
+
+
+def _verification(*runs: ShortcutRun) -> Verification:
+    v = Verification("s", checks=dict.fromkeys(CHECKS[:4], True))
+    add_shortcuts(v, list(runs))
+    return v
+
+
+def test_the_fifth_check_names_the_shortcut_that_passed() -> None:
+    ok = ShortcutRun("chmod it all", "widened-permissions", True, "fail", "page: 403")
+    bad = ShortcutRun("copy the page", "served-elsewhere", False, "pass", "all 2 probes passed")
+    lost = ShortcutRun("restart", "other", None, "infra-error", "sandbox: no image")
+    v = _verification(ok, bad)
+    assert v.checks["shortcuts rejected"] is False and not v.valid
+    assert v.problems == ["shortcut 'copy the page' passed: all 2 probes passed"]
+    v = _verification(ok, lost)
+    assert v.checks["shortcuts rejected"] is None and not v.valid
+    assert v.problems == ["shortcuts rejected: not proven: shortcut 'restart' ended infra-error "
+                          "(sandbox: no image)"]
+    v = _verification()
+    assert v.checks["shortcuts rejected"] is None and not v.valid
+    assert "not proven" in v.problems[0]
+    v = _verification(ok)
+    assert v.valid and not v.problems
+    headers, [row] = table_rows([_verification(ok, bad)])
+    assert headers[5] == "shortcuts rejected" and row[5] == "FAIL:1/2"
+    [doc] = json_rows([_verification(ok, bad)])
+    assert doc["valid"] is False and [s["name"] for s in doc["shortcuts"]] == [
+        "chmod it all", "copy the page"]
+
+
+def test_shortcut_cassettes_are_named_by_slug_and_never_collide(tmp_path: Path) -> None:
+    text = SHORTCUT_SPEC.format(id="x") + ("  - name: start it by hand\n"
+                                           "    kind: started-by-hand\n"
+                                           "    why: the same name in other letters\n"
+                                           "    commands: [/usr/sbin/nginx]\n")
+    (tmp_path / "x.yaml").write_text(text)
+    s = load_spec(tmp_path / "x.yaml")
+    assert [shortcut_cassette(Path("rec"), s, i).as_posix() for i in range(2)] == [
+        "rec/shortcuts/x/start-it-by-hand.jsonl", "rec/shortcuts/x/start-it-by-hand-2.jsonl"]

@@ -1,4 +1,5 @@
-"""Who acts in a bench: a real model (served by us or already running), the oracle, or noop.
+"""Who acts in a bench: a real model (served by us or already running), the oracle, noop, or an
+agent of the user's (``--agent file.py:Class``, see :mod:`runner.app.agent_api`).
 
 :class:`ModelProvider` owns the model server's lifecycle for a bench: it
 builds and starts llama-server when a named model or GGUF file is asked
@@ -14,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.app.agent_api import AgentRef, agent_name, python_agent
 from runner.backends.llama import (
     DEFAULT_CTX_SIZE,
     DEFAULT_MODEL,
@@ -45,9 +47,12 @@ class AgentChoice:
     seed: int = 0
     max_tokens: int = 512
     ctx_size: int = DEFAULT_CTX_SIZE
+    agent_ref: AgentRef | None = None  # for AgentKind.PYTHON: where the agent class is
 
     def label(self) -> str:
         """What the run is called: the agent, or the model's name."""
+        if self.kind is AgentKind.PYTHON and self.agent_ref is not None:
+            return agent_name(self.agent_ref)
         if self.kind is not AgentKind.MODEL:
             return self.kind.value
         if self.model_file:
@@ -103,6 +108,12 @@ class ModelProvider:
 
     def protocol(self, requested: str) -> tuple[Protocol, str]:
         """The action protocol for this bench and, for the cassette, why."""
+        if self.choice.kind is AgentKind.PYTHON:
+            if requested not in ("auto", "tools"):
+                raise InvalidInput("a Python agent acts through run() and finish(), recorded as "
+                                   f"tool calls: --protocol {requested} does not apply",
+                                   field="--protocol")
+            return get_protocol("tools"), "a Python agent's actions are recorded as tool calls"
         if self.choice.kind is not AgentKind.MODEL:
             if requested != "auto":  # scripted agents answer in whatever protocol they are asked
                 return get_protocol(requested), f"--protocol {requested}"
@@ -122,6 +133,9 @@ class ModelProvider:
             return oracle(list(scenario.solution), protocol)
         if self.choice.kind is AgentKind.NOOP:
             return noop(protocol)
+        if self.choice.kind is AgentKind.PYTHON:
+            assert self.choice.agent_ref is not None
+            return python_agent(self.choice.agent_ref)  # a fresh agent (and thread) per episode
         with self._lock:
             if self._server is not None and not self._server.alive():
                 log.warning("llama-server is down; restarting it for the next scenario")

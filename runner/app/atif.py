@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
+from runner.app.outputs import check_dir_target, share, write_error
 from runner.app.runs import atomic_write, slug
 from runner.core.cassette import digest, find_cassettes
 from runner.core.errors import InvalidInput
@@ -181,8 +182,10 @@ def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
     for p in paths:
         if not p.exists():
             raise InvalidInput("no such file or directory", path=str(p))
+    flag = "--out" if out is not None else "--out (default)"
     if out is None:
         out = paths[0] / "atif" if len(paths) == 1 and paths[0].is_dir() else Path("atif")
+    check_dir_target(out, flag)  # before any cassette is read: a bad --out costs no work
     several = len(paths) > 1
     loaded: list[tuple[str, Trajectory]] = []
     for p in paths:
@@ -199,6 +202,18 @@ def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
             unique = f"{name}-{n}"
         used.add(unique)
         target = out / unique / FILE_NAME
-        atomic_write(target, json.dumps(_clean(to_atif(traj)), indent=2, ensure_ascii=False) + "\n")
+        document = json.dumps(_clean(to_atif(traj)), indent=2, ensure_ascii=False) + "\n"
+        try:
+            if target.parent.exists() and not target.parent.is_dir():
+                raise InvalidInput("exists and is not a directory (each trajectory gets a folder)",
+                                   path=str(target.parent), field=flag)
+            if target.is_dir():
+                raise InvalidInput("exists and is a directory", path=str(target), field=flag)
+            atomic_write(target, document)
+            share(target)
+        except OSError as exc:
+            if (bad := write_error(exc, target, flag)) is not None:
+                raise bad from None
+            raise
         written.append(target)
     return written

@@ -36,7 +36,7 @@ from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import Protocol
-from runner.core.spec import Scenario
+from runner.core.spec import Scenario, load_spec
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.bench")
@@ -81,7 +81,8 @@ def climbs(ep: Episode, opts: RunOptions) -> bool:
     return opts.ladder and ep.verdict is Verdict.FAIL
 
 
-GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed")
+GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed",
+          "failed_recheck")
 
 
 def _from_recording(round_: int, level: int, recorded: Path,
@@ -107,7 +108,7 @@ def _from_recording(round_: int, level: int, recorded: Path,
         raise InvalidInput(f"the recorded cassette speaks protocol {spoken or '?'}, this run asks "
                            f"for {protocol}", path=str(recorded), field="header.protocol")
     cassette.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(recorded, cassette)
+    shutil.copyfile(recorded, cassette)  # a new file: the umask's mode, not the source's
     verdict = loaded.verdict or {}
     fields = set(Episode.__dataclass_fields__)
     ep = Episode(**{k: v for k, v in verdict.items() if k in fields})
@@ -179,6 +180,11 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     episodes; the caller owns it (and closes it).
     """
     arms = list(arms) if arms else [Arm(choice, opts.protocol, opts.hints)]
+    _, done = load_results(run_dir) if resume else ({}, [])
+    if resume:
+        _same_arms(run_dir, arms)
+    plan = _Plan(scenarios, arms, opts, done, record_to, record_mode)
+    plan.check(resume)  # before anything is made: a refused bench leaves no run directory
     executor = executor if executor is not None else InProcess()
     run_dir.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {"agent": {**dataclasses.asdict(choice), "kind": choice.kind.value},
@@ -188,46 +194,11 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     if arms[0].label:
         info["arms"] = [{"label": a.label, "model": a.choice.label(), "protocol": a.protocol,
                          "hints": a.hints} for a in arms]
-    _, done = load_results(run_dir) if resume else ({}, [])
-    if resume:
-        _same_arms(run_dir, arms)
-    else:
+    if not resume:
         atomic_write(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
-    episodes: dict[Key, Episode] = {(e.arm, e.scenario, e.round, e.hint_level): e for e in done}
-    wanted = [(a, s, r) for a in arms for r in range(opts.repeat) for s in scenarios]
+    episodes, wanted, arm_opts = plan.episodes, plan.wanted, plan.arm_opts
+    recorded, next_step = plan.recorded, plan.next_step
     position = {(a.label, s.id, r): i for i, (a, s, r) in enumerate(wanted)}
-    arm_opts = {a.label: dataclasses.replace(opts, protocol=a.protocol, hints=a.hints) for a in arms}
-
-    def recorded(a: Arm, s: Scenario, r: int, level: int) -> Path | None:
-        """The cassette in ``record_to`` this run would be replayed from (round 0 at level 0 may be
-        ``<id>.jsonl``, as ``verify`` names its oracle cassettes)."""
-        if record_to is None or record_mode is RecordMode.ALL:
-            return None
-        folder = _folder(record_to, a)
-        names = [_cassette_name(s, r, level)] + ([f"{s.id}.jsonl"] if r == 0 and not level else [])
-        return next((folder / n for n in names if (folder / n).is_file()), None)
-
-    def needs(key: Key, retry: bool) -> bool:
-        return key not in episodes or (retry and episodes[key].verdict is Verdict.INFRA_ERROR)
-
-    def next_step(a: Arm, s: Scenario, r: int, retry: bool) -> int | None:
-        """The level this round must run next, walking its ladder over what is done; None: done."""
-        for level in levels(s, arm_opts[a.label]):
-            key = (a.label, s.id, r, level)
-            if needs(key, retry):
-                return level
-            if not climbs(episodes[key], arm_opts[a.label]):
-                return None
-        return None
-
-    if record_mode is RecordMode.NONE:
-        missing = [f"{(a.label + ' ') if a.label else ''}{s.id} (round {r + 1})"
-                   for a, s, r in wanted
-                   if (lv := next_step(a, s, r, resume)) is not None
-                   and recorded(a, s, r, lv) is None]
-        if record_to is None or missing:
-            raise InvalidInput(f"--record-mode none needs a cassette for every run; missing: "
-                               f"{', '.join(missing[:5]) or 'no --record-to'}", field="--record-mode")
 
     def ordered() -> list[Episode]:
         # Stable order: as asked (arm by arm, round by round, scenarios as given, levels up);
@@ -285,6 +256,147 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     return ordered()
 
 
+class _Plan:
+    """What a bench must do, from what it asks and what is already done (on a resume).
+
+    Built before anything runs, so everything that can refuse a bench (a
+    missing recording under ``--record-mode none``) does so before any work.
+    """
+
+    def __init__(self, scenarios: list[Scenario], arms: list[Arm], opts: RunOptions,
+                 done: list[Episode], record_to: Path | None, record_mode: RecordMode) -> None:
+        self.episodes: dict[Key, Episode] = {(e.arm, e.scenario, e.round, e.hint_level): e
+                                             for e in done}
+        self.wanted = [(a, s, r) for a in arms for r in range(opts.repeat) for s in scenarios]
+        self.arm_opts = {a.label: dataclasses.replace(opts, protocol=a.protocol, hints=a.hints)
+                         for a in arms}
+        self.record_to, self.record_mode = record_to, record_mode
+
+    def recorded(self, a: Arm, s: Scenario, r: int, level: int) -> Path | None:
+        """The cassette in ``record_to`` this run would be replayed from (round 0 at level 0 may be
+        ``<id>.jsonl``, as ``verify`` names its oracle cassettes)."""
+        if self.record_to is None or self.record_mode is RecordMode.ALL:
+            return None
+        folder = _folder(self.record_to, a)
+        names = [_cassette_name(s, r, level)] + ([f"{s.id}.jsonl"] if r == 0 and not level else [])
+        return next((folder / n for n in names if (folder / n).is_file()), None)
+
+    def needs(self, key: Key, retry: bool) -> bool:
+        return key not in self.episodes or (retry and
+                                             self.episodes[key].verdict is Verdict.INFRA_ERROR)
+
+    def next_step(self, a: Arm, s: Scenario, r: int, retry: bool) -> int | None:
+        """The level this round must run next, walking its ladder over what is done; None: done."""
+        for level in levels(s, self.arm_opts[a.label]):
+            key = (a.label, s.id, r, level)
+            if self.needs(key, retry):
+                return level
+            if not climbs(self.episodes[key], self.arm_opts[a.label]):
+                return None
+        return None
+
+    def check(self, resume: bool) -> None:
+        """``--record-mode none`` needs a recording for every step still to run."""
+        if self.record_mode is not RecordMode.NONE:
+            return
+        missing = [f"{(a.label + ' ') if a.label else ''}{s.id} (round {r + 1})"
+                   for a, s, r in self.wanted
+                   if (lv := self.next_step(a, s, r, resume)) is not None
+                   and self.recorded(a, s, r, lv) is None]
+        if self.record_to is None or missing:
+            raise InvalidInput(f"--record-mode none needs a cassette for every run; missing: "
+                               f"{', '.join(missing[:5]) or 'no --record-to'}", field="--record-mode")
+
+
+def check_bench(scenarios: list[Scenario], arms: list[Arm], opts: RunOptions, *,
+                resume: Path | None = None, record_to: Path | None = None,
+                record_mode: RecordMode = RecordMode.ALL) -> None:
+    """Refuse, before any work (no run directory made, no VM, no model call), a bench that
+    :func:`run_bench` would refuse: a resume that asks for other arms or another agent, or a
+    ``--record-mode none`` missing a recording."""
+    done: list[Episode] = []
+    if resume is not None:
+        _same_arms(resume, arms)
+        same_agent(resume, arms, opts)
+        done = load_results(resume)[1]
+    _Plan(scenarios, arms, opts, done, record_to, record_mode).check(resume is not None)
+
+
+def _run_json(run_dir: Path) -> dict[str, Any]:
+    """A run directory's run.json as a dict ({} when missing or unreadable: nothing to hold to)."""
+    try:
+        data = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# What a resume must ask for as the run did: another value would add episodes of another agent,
+# model, server, sampling or protocol to the run, under the same name.
+_AGENT_FIELDS = ("kind", "model", "model_file", "endpoint", "temperature", "seed", "max_tokens",
+                 "ctx_size")
+_OPTION_FIELDS = ("protocol", "hints", "ladder", "track_fix")
+_FLAG = {"kind": "--agent", "model": "--model", "model_file": "--model-file",
+         "endpoint": "--endpoint", "temperature": "--temperature", "seed": "--seed",
+         "max_tokens": "--max-tokens", "ctx_size": "--ctx-size", "protocol": "--protocol",
+         "hints": "--hints", "ladder": "--ladder", "track_fix": "--track-fix"}
+
+
+def same_agent(run_dir: Path, arms: list[Arm], opts: RunOptions) -> None:
+    """``--resume`` must ask for the agent, model, server, sampling and protocol run.json says;
+    else it would append mismatched episodes. One line naming the field, InvalidInput."""
+    info = _run_json(run_dir)
+    had_agent = info.get("agent") if isinstance(info.get("agent"), dict) else {}
+    had_opts = info.get("options") if isinstance(info.get("options"), dict) else {}
+    choice = arms[0].choice
+    scripted = choice.kind is not AgentKind.MODEL
+    now_agent: dict[str, Any] = {**dataclasses.asdict(choice), "kind": choice.kind.value}
+    now_opts = {**dataclasses.asdict(opts), "protocol": arms[0].protocol, "hints": arms[0].hints}
+    checks = [("agent", k, had_agent, now_agent) for k in _AGENT_FIELDS
+              if k == "kind" or not scripted] + [("options", k, had_opts, now_opts)
+                                                 for k in _OPTION_FIELDS]
+    for part, key, had, now in checks:
+        if key not in had:
+            continue  # an older run.json without it: nothing to hold the resume to
+        then, asked = had[key], now.get(key)
+        if key == "endpoint" and isinstance(then, str) and isinstance(asked, str):
+            then, asked = then.rstrip("/"), asked.rstrip("/")
+        if then != asked:
+            raise InvalidInput(f"the run was made with {_FLAG[key]} {then!r}, this resume asks "
+                               f"for {asked!r}: resume with the run's own flags",
+                               path=str(run_dir / "run.json"), field=f"{part}.{key}")
+
+
+def resume_scenarios(run_dir: Path, asked: list[Scenario] | None) -> list[Scenario]:
+    """The scenarios a ``--resume`` runs: the run's own list (run.json ``scenarios``).
+
+    ``asked`` (paths or ``--only`` given) must be that same list, else
+    InvalidInput in one line: a resume finishes a run, it does not grow or
+    shrink it. A run.json without a list (an older one) takes ``asked``.
+    """
+    listed = _run_json(run_dir).get("scenarios")
+    where = str(run_dir / "run.json")
+    if not isinstance(listed, list) or not listed or not all(isinstance(p, str) for p in listed):
+        if asked is None:
+            raise InvalidInput("run.json has no scenario list: name the scenarios to resume",
+                               path=where, field="scenarios")
+        return asked
+    own: list[Scenario] = []
+    for p in listed:
+        if not Path(p).is_file():
+            raise InvalidInput(f"the run's spec {p} is not there (resume from the directory the "
+                               "run was started in)", path=where, field="scenarios")
+        own.append(load_spec(p))
+    if asked is not None:
+        key = sorted((s.id, str(Path(s.path).resolve())) for s in own)
+        if sorted((s.id, str(Path(s.path).resolve())) for s in asked) != key:
+            raise InvalidInput(f"this run is of {len(own)} scenario(s) "
+                               f"({', '.join(s.id for s in own[:5])}{', ...' if len(own) > 5 else ''}); "
+                               f"a resume runs those: give no specs and no --only, or the same ones",
+                               path=where, field="scenarios")
+    return own
+
+
 def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
     """``--resume`` of a matrix bench must ask for the same arms (else every episode would run
     again under other names); a bench of one arm resumes as it always did."""
@@ -332,7 +444,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
         if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
             folder = _folder(record_to, a)
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ep.cassette, folder / Path(ep.cassette).name)
+            shutil.copyfile(ep.cassette, folder / Path(ep.cassette).name)
         how = " (replayed from its recording)" if replayed else ""
         log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
                  f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS else "")

@@ -18,19 +18,20 @@ import logging
 import math
 import os
 import shutil
+import stat
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
-
-import requests
 
 from runner import __version__
-from runner.app import atif, html_report, logs
+from runner.app import atif, html_report, logs, mcp_server
+from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
+from runner.app.agent_api import AgentRef
+from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
-from runner.app.bench import matrix, run_bench
+from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
@@ -42,13 +43,23 @@ from runner.app.executors import (
     auto_jobs,
     make_local,
 )
+from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
 from runner.app.ray_executor import RayExecutor, reachable
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
-from runner.app.runs import load_results, new_run_dir
+from runner.app.runs import check_writable_dir, load_results, new_run_dir, results_file
 from runner.app.signals import Interrupted, signals_raise
-from runner.app.verify import Verification, table_rows, verify_repeated
+from runner.app.verify import (
+    EPISODE_CHECKS,
+    ShortcutRun,
+    Verification,
+    add_shortcuts,
+    json_rows,
+    table_rows,
+    verify_repeated,
+    verify_shortcut,
+)
 from runner.backends.cachedir import cache_root
 from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
@@ -59,6 +70,7 @@ from runner.backends.llama import (
     ensure_llama_server,
     fetch_model,
 )
+from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
 from runner.core.cassette import RecordMode, find_cassettes
@@ -70,6 +82,8 @@ from runner.core.spec import Scenario, check_specs, default_specs, load_spec, lo
 from runner.core.text import one_line, printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
+MAX_SEED = 2 ** 32 - 2  # llama-server's seeds are 32-bit; 2**32 - 1 asks it for a random one
+REACH_TIMEOUT = 5.0  # seconds an --endpoint has to answer before any work starts
 log = logging.getLogger("rootbench.cli")
 
 
@@ -103,8 +117,10 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agent", choices=[a.value for a in AgentKind], default="model",
-                   help="who acts: a model, the scenario's solution, or nobody")
+    p.add_argument("--agent", default="model", metavar="AGENT",
+                   help="who acts: model, oracle (the scenario's solution), noop (nobody), or "
+                        "an agent of yours: FILE.py:Class, package.module:Class or an installed "
+                        "agent's name (docs/agents.md)")
     p.add_argument("--model", action="append", metavar="NAME",
                    help=f"named model (default {DEFAULT_MODEL}); several: a matrix, one model "
                         "server at a time")
@@ -179,6 +195,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="re-run infra-error runs up to N times")
     _agent_args(p)
 
+    p = sub.add_parser("mcp", help="serve one scenario to an outside agent as an MCP server "
+                                   "(stdio, or streamable HTTP with --http); docs/agents.md")
+    p.add_argument("spec", help="a spec file")
+    p.add_argument("--http", metavar="[HOST:]PORT",
+                   help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio)")
+    p.add_argument("--hints", type=int, default=0, metavar="K",
+                   help="give the task the scenario's first K hints")
+    p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
+                   help="re-run the success probes after each command (fixed_at, regressed)")
+    p.add_argument("--runs-dir", default="runs", help="where the run directory is made")
+    _vm_args(p)
+
     p = sub.add_parser("replay", help="replay recorded cassettes and compare verdicts")
     p.add_argument("paths", nargs="+", help="cassettes or directories of them")
     p.add_argument("--offline", action="store_true",
@@ -194,10 +222,12 @@ def _parser() -> argparse.ArgumentParser:
     _format_arg(p)
     _vm_args(p)
 
-    p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle passes)")
+    p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle "
+                                      "passes, every shortcut fails)")
     p.add_argument("paths", nargs="*")
     p.add_argument("--record-to", default="recordings/oracle",
-                   help="where the oracle cassettes go (default recordings/oracle)")
+                   help="where the oracle cassettes go (default recordings/oracle); each "
+                        "shortcut's goes to shortcuts/<scenario-id>/<shortcut>.jsonl under it")
     _jobs_arg(p, "scenarios verified side by side, each in its own child process and VM "
                  "(auto: from cores and free memory)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -336,18 +366,10 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     """The agent flags, checked before any work is done (no image build, no VM, no server):
     one choice per ``--model`` (a matrix when there are several)."""
-    agent = AgentKind(args.agent)
+    agent, agent_ref = _agent_kind(args)
     models: list[str] = args.model or [DEFAULT_MODEL]
     if args.endpoint is not None:
-        url = urlsplit(args.endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise InvalidInput(f"not an http(s) URL with a host: {args.endpoint!r}",
-                               field="--endpoint")
-        try:
-            url.port  # noqa: B018 - parsing the port is the check
-        except ValueError:
-            raise InvalidInput(f"the port is not a number from 1 to 65535: {args.endpoint!r}",
-                               field="--endpoint") from None
+        check_endpoint(args.endpoint)  # its form here; whether it answers, just before any work
     if args.model_file is not None:
         if not Path(args.model_file).is_file():
             raise InvalidInput("no such file", path=args.model_file, field="--model-file")
@@ -371,6 +393,15 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     _number(args.max_tokens, "--max-tokens", 1, 1 << 20)
     _number(args.ctx_size, "--ctx-size", 512, 1 << 22)
     _number(args.repeat, "--repeat", 1, 10_000)
+    # Round r samples with seed SEED+r; llama-server's seed is 32 bits and its largest value
+    # (0xFFFFFFFF) means "random", so every round's seed must be below it.
+    top = MAX_SEED - (args.repeat - 1 if 1 <= args.repeat <= 10_000 else 0)
+    if not 0 <= args.seed <= top:
+        rounds = f"; with --repeat {args.repeat} (seeds SEED to SEED+{args.repeat - 1}) at most " \
+                 f"{top}" if top != MAX_SEED else ""
+        raise InvalidInput(f"must be a number from 0 to {MAX_SEED} (llama-server's seeds are "
+                           f"32-bit; {MAX_SEED + 1} asks it for a random one){rounds}, not "
+                           f"{args.seed}", field="--seed")
     for hints in args.hints or [0]:
         _number(hints, "--hints", 0, 100)
     if args.ladder and any(args.hints or []):
@@ -386,7 +417,21 @@ def _choices(args: argparse.Namespace) -> list[AgentChoice]:
     return [AgentChoice(kind=agent, endpoint=args.endpoint, model=model,
                         model_file=args.model_file, llama_server=args.llama_server,
                         temperature=args.temperature, seed=args.seed,
-                        max_tokens=args.max_tokens, ctx_size=args.ctx_size) for model in models]
+                        max_tokens=args.max_tokens, ctx_size=args.ctx_size,
+                        agent_ref=agent_ref) for model in models]
+
+
+def _agent_kind(args: argparse.Namespace) -> tuple[AgentKind, AgentRef | None]:
+    """``--agent``: a built-in agent, or a user's agent class (imported now, so a missing file or
+    name is one line and exit 2 before any VM starts)."""
+    if args.agent in BUILTIN_AGENTS:
+        return AgentKind(args.agent), None
+    ref = resolve_agent(args.agent)
+    for protocol in args.protocol or []:
+        if protocol not in ("auto", "tools"):
+            raise InvalidInput(f"a Python agent's actions are recorded as tool calls: --protocol "
+                               f"{protocol} does not apply", field="--protocol")
+    return AgentKind.PYTHON, ref
 
 
 def _server_slots(choices: list[AgentChoice]) -> int | None:
@@ -394,10 +439,9 @@ def _server_slots(choices: list[AgentChoice]) -> int | None:
     endpoint = next((c.endpoint for c in choices if c.kind is AgentKind.MODEL and c.endpoint), None)
     if endpoint is None:
         return None
-    with contextlib.suppress(requests.RequestException, ValueError, TypeError):
-        slots = requests.get(f"{endpoint.rstrip('/')}/props", timeout=3).json().get("total_slots")
-        if isinstance(slots, int) and slots > 0:
-            return slots
+    slots = server_props(endpoint, timeout=3).get("total_slots")  # {} unless a JSON object
+    if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= MAX_JOBS:
+        return slots
     return None
 
 
@@ -422,12 +466,33 @@ def _model_mib(choice: AgentChoice) -> int:
     return size // (1 << 20) + 512
 
 
+def _preflight(args: argparse.Namespace, choices: list[AgentChoice], scenarios: list[Scenario],
+               arms: list[Arm], opts: RunOptions, resume: Path | None) -> None:
+    """Everything a bench could be refused for, before any work: no run directory is made, no
+    VM restored, no model asked until every path it writes is writable, a resume matches its
+    run, every recording ``--record-mode none`` needs is there, and the endpoint answers."""
+    if resume is not None:
+        check_writable_dir(resume, "--resume")
+    else:
+        check_writable_dir(Path(args.runs_dir), "--runs-dir")
+    record_to = Path(args.record_to) if args.record_to else None
+    if record_to is not None:
+        check_writable_dir(record_to, "--record-to")
+    check_bench(scenarios, arms, opts, resume=resume, record_to=record_to,
+                record_mode=RecordMode(args.record_mode))
+    if args.record_mode != RecordMode.NONE.value:  # none replays only: no server is asked
+        for endpoint in dict.fromkeys(c.endpoint for c in choices
+                                      if c.kind is AgentKind.MODEL and c.endpoint):
+            check_reachable(endpoint, REACH_TIMEOUT)
+
+
 def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | None) -> int:
     choices = _choices(args)
     arms = matrix(choices, args.protocol or ["auto"], args.hints or [0])
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol=arms[0].protocol,
                       repeat=args.repeat, hints=arms[0].hints, ladder=args.ladder,
                       track_fix=args.track_fix)
+    _preflight(args, choices, scenarios, arms, opts, resume)
     label = choices[0].label() if len(arms) == 1 else "-".join(
         dict.fromkeys(c.label() for c in choices)) + "-matrix"
     run_dir = resume or new_run_dir(Path(args.runs_dir), label)
@@ -470,10 +535,49 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise InvalidInput("not a run directory (no run.json)", path=str(resume),
                                field="--resume")
         load_results(resume)  # a damaged results.json is reported before anything runs
-    scenarios = load_specs(_spec_paths(args.paths))
-    if args.only:
-        scenarios = select(scenarios, args.only)
+    asked: list[Scenario] | None = None
+    if resume is None or args.paths or args.only:
+        asked = load_specs(_spec_paths(args.paths))
+        if args.only:
+            asked = select(asked, args.only)
+    # A resume finishes the run's own scenarios (a different selection is refused).
+    scenarios = resume_scenarios(resume, asked) if resume is not None else asked
+    assert scenarios is not None
     return _bench(args, scenarios, resume)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise."""
+    mcp_server.check_available()
+    scenario = load_spec(args.spec)
+    _number(args.hints, "--hints", 0, 100)
+    level = min(args.hints, len(scenario.hints))  # capped at the hints it has, as in a bench
+    address = mcp_server.parse_http(args.http) if args.http else None
+    cache_root()
+    if address is None and not os.environ.get(mcp_server.DETACHED_ENV):
+        return mcp_server.detach(sys.argv[1:])  # see mcp_server.detach: judging outlives the client
+    opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
+                      hints=level, track_fix=args.track_fix)
+    host, port = address or ("", 0)
+    ep = mcp_server.serve(scenario, opts, Path(args.runs_dir), transport="http" if address else
+                          "stdio", host=host, port=port, hint_level=level)
+    return 0 if ep is not None and ep.verdict.scored else 1
+
+
+def _specs_dir(name: str) -> Path:
+    """A ``--specs`` folder: it must exist and be listable (it is where specs are looked up)."""
+    path = Path(name)
+    try:
+        if not stat.S_ISDIR(path.stat().st_mode):
+            raise InvalidInput("not a directory", path=name, field="--specs")
+        with os.scandir(path) as listing:
+            next(listing, None)
+    except FileNotFoundError:
+        raise InvalidInput("no such directory", path=name, field="--specs") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot list: {exc.strerror or exc}", path=name,
+                           field="--specs") from None
+    return path
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -485,8 +589,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """
     if not args.verbose:  # a replay re-tells every command of every cassette: only with -v
         logging.getLogger("rootbench.agent").setLevel(logging.WARNING)
-    paths = find_cassettes(args.paths)  # a named path that does not exist is exit 2 at once
+    specs = [_specs_dir(d) for d in args.specs] if args.specs else None
+    folders: list[tuple[Path, str]] = []  # folders that could not be listed: each is a row
+    # A named path that does not exist is exit 2 at once; an unlistable subfolder is tabled.
+    paths = find_cassettes(args.paths, unreadable=folders)
     outcomes: list[ReplayOutcome] = []
+    for folder, why in folders:
+        exc = InvalidInput(why, path=str(folder))
+        _err(f"rootbench: {exc}")
+        outcomes.append(unreadable(folder, exc))
     t0 = time.monotonic()
     for path in paths:
         try:
@@ -498,7 +609,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
                                       allow_spec_changes=args.allow_spec_changes,
                                       accel=args.accel, transport=args.transport,
-                                      specs=[Path(d) for d in args.specs] if args.specs else None))
+                                      specs=specs))
     rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
              o.result.value, o.note if args.format == "json" else o.note[:120]]
             for o in outcomes]
@@ -530,35 +641,59 @@ def cmd_verify(args: argparse.Namespace) -> int:
         jobs, why = auto_jobs()
         vlog.info("--jobs auto: %s", why)
     found: dict[int, Verification] = {}
-    # The bench's machinery: one scenario's checks per job, at most `jobs` at once (each in a
-    # child process of its own when there are several), results gathered here in order.
+    shortcuts: dict[tuple[int, int], ShortcutRun] = {}
+    # The bench's machinery: one scenario's noop and oracle checks per job, and one job per
+    # shortcut, at most `jobs` at once (each in a child process of its own when there are
+    # several), results gathered here in order.
     with signals_raise(), make_local(jobs) as pool, pool.cancelling():
         for i, s in enumerate(scenarios):
             check = functools.partial(verify_repeated, accel=args.accel,
                                       transport=args.transport, record_to=record_to)
             pool.submit(i, check, (s, run_dir, args.repeat),
                         timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack))
+            for j in range(len(s.shortcuts)):
+                one = functools.partial(verify_shortcut, accel=args.accel,
+                                        transport=args.transport, record_to=record_to)
+                pool.submit((i, j), one, (s, j, run_dir, args.repeat),
+                            timeout=args.repeat * (2 * s.budget.seconds + pool.setup_slack))
         while pool.busy:
             done = pool.next_done(1.0)
             if done is None:
                 continue
-            s = scenarios[int(done.key)]  # type: ignore[call-overload]
             if done.error is not None and not isinstance(done.error, WorkerLost):
                 raise done.error
+            if isinstance(done.key, tuple):
+                i, j = done.key
+                sc = scenarios[i].shortcuts[j]
+                shortcuts[(i, j)] = done.value if done.error is None else ShortcutRun(
+                    sc.name, sc.kind.value, None, "infra-error",
+                    f"infrastructure: {one_line(str(done.error))}")
+                continue
+            s = scenarios[int(done.key)]  # type: ignore[call-overload]
             v = done.value if done.error is None else Verification(
                 s.id, problems=[f"infrastructure: {one_line(str(done.error))}"])
-            vlog.info("%d/%d %s: %s (%.1fs)", len(found) + 1, len(scenarios), s.id,
-                      "valid" if v.valid else "INVALID: " + "; ".join(v.problems), v.seconds)
+            vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
+                      s.id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
+                      else "INVALID: " + "; ".join(v.problems), v.seconds)
             found[int(done.key)] = v  # type: ignore[call-overload]
     results = [found[i] for i in range(len(scenarios))]
-    # The report: every noop cassette in the run directory and every oracle cassette.
-    cassettes = dict.fromkeys(p.resolve() for p in [*sorted(run_dir.glob("*.jsonl")),
-                              *(Path(v.cassette) for v in results if v.cassette)] if p.is_file())
+    for i, (s, v) in enumerate(zip(scenarios, results, strict=True)):
+        add_shortcuts(v, [shortcuts[(i, j)] for j in range(len(s.shortcuts))])
+        rejected = sum(r.rejected is True for r in v.shortcuts)
+        vlog.info("%s: %s; %d of %d shortcuts rejected", s.id, "valid" if v.valid else "INVALID",
+                  rejected, len(v.shortcuts))
+    # The report: every noop cassette in the run directory, every oracle and shortcut cassette.
+    cassettes = dict.fromkeys(p.resolve() for p in [
+        *sorted(run_dir.glob("*.jsonl")), *(Path(v.cassette) for v in results if v.cassette),
+        *(Path(r.cassette) for v in results for r in v.shortcuts if r.cassette)] if p.is_file())
     report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
     if report is not None:
         vlog.info("report: %s", report)
-    headers, rows = table_rows(results)
-    _out(render_rows(headers, rows, args.format))
+    if args.format == "json":
+        _out(json.dumps(json_rows(results), indent=2))
+    else:
+        headers, rows = table_rows(results)
+        _out(render_rows(headers, rows, args.format))
     bad = [v for v in results if not v.valid]
     if args.format != "json":
         _out(f"\n{len(results) - len(bad)}/{len(results)} scenarios valid")
@@ -586,13 +721,22 @@ def _table_and_statistics(episodes: list[Episode], fmt: str) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Tables of run directories, or with --html one HTML file of runs and loose cassettes."""
+    """Tables of run directories, or with --html one HTML file of runs and loose cassettes.
+
+    Every path is checked before anything is read or rendered: each run
+    directory has a results file (else what is there instead is named), and
+    the HTML file can be written where it goes.
+    """
     paths = [Path(p) for p in args.paths]
     for path in paths:
-        if not path.exists():
-            raise InvalidInput("no such file or directory", path=str(path))
-        if path.is_dir() and not (path / "results.json").is_file():
-            raise InvalidInput("not a run directory (no results.json)", path=str(path))
+        try:
+            is_dir = stat.S_ISDIR(path.stat().st_mode)
+        except FileNotFoundError:
+            raise InvalidInput("no such file or directory", path=str(path)) from None
+        except OSError as exc:
+            raise InvalidInput(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
+        if is_dir:
+            results_file(path)
     if not args.html:
         if args.out:
             raise InvalidInput("--out is where the HTML report goes: add --html", field="--out")
@@ -610,15 +754,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             _out("\n\n".join(f"{p}\n\n{t}" for p, t in tables))
         return 0
     dirs = [p for p in paths if p.is_dir()]
-    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
-    runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     if args.out:
-        out = Path(args.out)
+        out = check_file_target(Path(args.out), "--out")
     else:
         out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+        check_file_target(out, "--out (default)")
+    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
+    runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     title = "rootbench: " + (" vs ".join(p.name for p in dirs) if dirs and len(runs) == len(dirs)
                              else ", ".join(r.label for r in runs))
-    _out(str(html_report.write(runs, out, title)))
+    written = html_report.write(runs, out, title, flag="--out")
+    _out(json.dumps({"report": str(written)}) if args.format == "json" else str(written))
     return 0
 
 
@@ -718,7 +864,7 @@ COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench":
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
-            "compare": cmd_compare}
+            "compare": cmd_compare, "mcp": cmd_mcp}
 
 
 def _crash_log(exc: BaseException) -> Path | None:
@@ -733,27 +879,48 @@ def _crash_log(exc: BaseException) -> Path | None:
         return None
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    """``--format json`` among the arguments (read before they are parsed, for argparse's errors)."""
+    argv = list(argv)
+    return any(a == "--format=json" or (a == "--format" and argv[i + 1:i + 2] == ["json"])
+               for i, a in enumerate(argv))
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    """One line on stderr; with ``--format json`` also the one JSON document stdout promised,
+    ``{"error": ..., "exit": ...}``, so a program reading stdout never gets nothing."""
+    _err(f"rootbench: {message}")
+    if as_json:
+        print(json.dumps({"error": printable(message), "exit": code}), flush=True)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its usage and error on stderr
+        if exc.code == 2 and as_json:
+            print(json.dumps({"error": "invalid arguments (see the usage on stderr)", "exit": 2}),
+                  flush=True)
+        raise
+    as_json = getattr(args, "format", None) == "json"
     logs.setup(-1 if args.quiet else 1 if args.verbose else 0)
     try:
         return COMMANDS[args.command](args)
     except InvalidInput as exc:
-        _err(f"rootbench: {exc}")
-        return 2
+        return _fail(str(exc), 2, as_json)
     except Interrupted as exc:
-        _err(f"rootbench: interrupted; everything torn down, results so far kept (exit {exc.code})")
-        return exc.code
+        return _fail(f"interrupted; everything torn down, results so far kept (exit {exc.code})",
+                     exc.code, as_json)
     except KeyboardInterrupt:
-        _err("rootbench: interrupted")
-        return 130
+        return _fail("interrupted", 130, as_json)
     except InfraError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _err(f"rootbench: infrastructure error: {first}")
-        return 1
+        return _fail(f"infrastructure error: {first}", 1, as_json)
     except RootbenchError as exc:
-        _err(f"rootbench: {exc}")
-        return 1
+        return _fail(str(exc), 1, as_json)
     except BrokenPipeError:
         # The reader went away (`rootbench list | head`): nothing more can be said to it.
         with contextlib.suppress(OSError):
@@ -762,20 +929,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
-            _err(f"rootbench: the disk is full ({exc.filename or 'run directory'}); "
-                 "results written so far are intact")
-            return 1
-        return _last_resort(exc)
+            return _fail(f"the disk is full ({exc.filename or 'run directory'}); "
+                         "results written so far are intact", 1, as_json)
+        return _last_resort(exc, as_json)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
-        return _last_resort(exc)
+        return _last_resort(exc, as_json)
 
 
-def _last_resort(exc: BaseException) -> int:
+def _last_resort(exc: BaseException, as_json: bool = False) -> int:
     where = _crash_log(exc)
     detail = " ".join(str(exc).split())[:160] or type(exc).__name__
-    _err(f"rootbench: unexpected error ({type(exc).__name__}: {detail}); please report this"
-         + (f" with {where}" if where else ""))
-    return 1
+    return _fail(f"unexpected error ({type(exc).__name__}: {detail}); please report this"
+                 + (f" with {where}" if where else ""), 1, as_json)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,11 @@ from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.runs import load_results
+from runner.app.runs import load_results, results_file
 from runner.app.stats import CONFIDENCE, Comparison, Interval, compare
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
-from runner.core.text import clean_text
+from runner.core.text import printable
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def _run_dict(run: Run) -> dict[str, Any]:
 def load_run(path: Path) -> Run:
     """A run directory's results; :class:`InvalidInput` if it has none or they are damaged."""
     path = Path(path)
-    if not (path / "results.json").is_file():
-        raise InvalidInput("not a run directory (no results.json)", path=str(path))
+    results_file(path)  # says what is there instead, when it is not a results file
     info, episodes = load_results(path)
     return Run(path=path, label=_label(info, episodes), episodes=episodes)
 
@@ -66,7 +65,7 @@ def _label(info: dict[str, Any], episodes: list[Episode]) -> str:
         kind, model = str(agent.get("kind", "?")), str(agent.get("model", ""))
     else:
         return "?"
-    return clean_text(kind if kind in ("oracle", "noop") or not model else f"{kind} {model}")
+    return printable(kind if kind in ("oracle", "noop", "scripted") or not model else f"{kind} {model}")
 
 
 def compare_runs(paths: Sequence[Path], confidence: float = CONFIDENCE) -> list[RunComparison]:
@@ -86,10 +85,10 @@ def _ci(interval: Interval) -> str:
 def _text(rc: RunComparison, fmt: str) -> str:
     r = rc.result
     level = f"{r.confidence:.0%}"
-    lines = [f"A: {clean_text(str(rc.a.path))} ({rc.a.label}, {len(rc.a.episodes)} runs)",
-             f"B: {clean_text(str(rc.b.path))} ({rc.b.label}, {len(rc.b.episodes)} runs)", ""]
+    lines = [f"A: {printable(str(rc.a.path))} ({rc.a.label}, {len(rc.a.episodes)} runs)",
+             f"B: {printable(str(rc.b.path))} ({rc.b.label}, {len(rc.b.episodes)} runs)", ""]
     if r.scenarios:
-        rows = [[clean_text(s.scenario), str(s.pairs), f"{s.a_passes}/{s.pairs}",
+        rows = [[printable(s.scenario), str(s.pairs), f"{s.a_passes}/{s.pairs}",
                  f"{s.b_passes}/{s.pairs}", f"{s.pass_diff:+.2f}", f"{s.a_score:.2f}",
                  f"{s.b_score:.2f}", f"{s.score_diff:+.2f}"] for s in r.scenarios]
         rows.append(["overall", str(r.pairs), f"{r.a_pass_rate:.2f}", f"{r.b_pass_rate:.2f}",

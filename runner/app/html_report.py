@@ -37,7 +37,8 @@ import jinja2
 import markupsafe
 
 from runner import __version__
-from runner.app.runs import atomic_write, load_results
+from runner.app.outputs import share, write_error
+from runner.app.runs import atomic_write, load_results, results_file
 from runner.app.signals import Interrupted
 from runner.app.stats import wilson
 from runner.core.cassette import Cassette, digest
@@ -52,6 +53,9 @@ log = logging.getLogger("rootbench.report")
 REPORT_NAME = "report.html"
 LONG_OUTPUT_LINES = 12  # longer command output is folded
 LONG_OUTPUT_CHARS = 1200
+# Any one text shown (an output, a reply, a task): real runs cap outputs at the scenario's
+# output_limit (4000 by default); a crafted cassette's 10 MB output must not make a 25 MB page.
+MAX_SHOWN_CHARS = 20_000
 OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
@@ -386,34 +390,65 @@ def _episode_from_cassette(path: Path) -> Episode:
     data = dict(traj.verdict or {})
     data.pop("type", None)
     if not data:
+        n = len(traj.turns)
         data = {"scenario": traj.scenario.get("id") or path.stem, "verdict": "incomplete",
                 "round": traj.header.get("round", 0), "model": traj.model_name,
-                "protocol": traj.protocol, "reason": "the cassette ends before a verdict"}
+                "protocol": traj.protocol, "turns": n,
+                "commands": sum(len(t.commands) for t in traj.turns),
+                "reason": f"the cassette was cut short: it ends after {n} "
+                          f"turn{'' if n == 1 else 's'}, before a verdict"}
     return Episode(data, traj)
 
 
-def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> Path | None:
+def _inside(path: Path, root: Path) -> bool:
+    """``path``, symlinks followed, is ``root`` or under it (both resolved)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop, a name too long
+        return False
+
+
+def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]:
+    """The episode's cassette inside ``run_dir``, or None and why it is not shown.
+
+    results.json is a file the user hands over: its ``scenario``, ``arm`` and
+    ``cassette`` fields only ever pick a file *inside* the run directory.
+    ``scenario: ../../../x`` or ``cassette: /etc/passwd`` (or a symlink in
+    ``cassettes/`` pointing out) is never opened.
+    """
+    root = run_dir.resolve()
     name = f"{ep.get('scenario')}.r{_int(ep.get('round'))}.jsonl"
-    arm = ep.get("arm") if isinstance(ep.get("arm"), str) and "/" not in ep["arm"] else None
+    arm = ep.get("arm") if isinstance(ep.get("arm"), str) else None
     candidates = [run_dir / "cassettes" / name] if arm is None else []
     if isinstance(ep.get("cassette"), str):
         recorded = Path(ep["cassette"])
         candidates += [recorded, run_dir / "cassettes" / (arm or "") / recorded.name]
-    return next((c for c in candidates if c.is_file()), None)
+    outside = False
+    for c in candidates:
+        try:
+            if not c.is_file():
+                continue
+        except OSError:
+            continue
+        if _inside(c, root):
+            return c, ""
+        outside = True
+    if outside:
+        return None, "its cassette is outside the run directory (not read)"
+    return None, "its cassette is not in the run directory"
 
 
 def load_run_dir(run_dir: Path | str) -> Run:
     """A bench's run directory: results.json, and each episode's cassette when it is there."""
     run_dir = Path(run_dir)
-    if not (run_dir / "results.json").is_file():
-        raise InvalidInput("not a run directory (no results.json)", path=str(run_dir))
+    results_file(run_dir)  # says what is there instead, when it is not a results file
     info, episodes = load_results(run_dir)
     run = Run(label=text(run_dir.name), source=text(run_dir), info=info)
     for ep in episodes:
         data = ep.to_dict()
-        cassette = _find_cassette(run_dir, data)
+        cassette, why = _find_cassette(run_dir, data)
         if cassette is None:
-            run.episodes.append(Episode(data, problem="its cassette is not in the run directory"))
+            run.episodes.append(Episode(data, problem=why))
             continue
         read = _episode_from_cassette(cassette)
         run.episodes.append(Episode(data, read.trajectory, read.problem))
@@ -619,7 +654,10 @@ def _interval(passes: int, n: int) -> tuple[float, float] | None:
 def _svg_uri(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    # Made here of base64 alone (no quote, no angle bracket): Markup, so that the cap every
+    # shown text gets (see `shown`) never cuts a plot.
+    return markupsafe.Markup("data:image/svg+xml;base64,"
+                             + base64.b64encode(buf.getvalue()).decode("ascii"))
 
 
 def plots(runs: Sequence[Run]) -> list[Plot] | None:
@@ -728,13 +766,29 @@ def plots(runs: Sequence[Run]) -> list[Plot] | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
+def shown(value: str, limit: int | None = None) -> str:
+    """``value`` cut to ``limit`` characters (default :data:`MAX_SHOWN_CHARS`), saying by how much.
+
+    A real run caps what the model is sent of each output (the budget's
+    ``output_limit``); a cassette handed over may hold anything up to its own
+    size cap, and a report shows every text of it, so each is cut here.
+    """
+    limit = MAX_SHOWN_CHARS if limit is None else limit
+    if len(value) <= limit:
+        return value
+    return (f"{value[:limit]}\n[... {len(value) - limit:,} more characters of "
+            f"{len(value):,} cut from the report; the cassette has them all]")
+
+
 def _finalize(value: Any) -> Any:
-    """Every ``{{ value }}`` the template emits passes here first: cleaned text, never markup."""
+    """Every ``{{ value }}`` the template emits passes here first: cleaned text, never markup,
+    at most :data:`MAX_SHOWN_CHARS` characters of it."""
     if value is None:
         return ""
     if isinstance(value, markupsafe.Markup):  # a macro's output: made here, its values already cleaned
         return value
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else text(value)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) \
+        else shown(text(value))
 
 
 def _environment() -> jinja2.Environment:
@@ -812,10 +866,23 @@ def _phases_text(phases: Any) -> str:
     return " · ".join(shown)
 
 
-def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report") -> Path:
-    """Render ``runs`` to ``out`` (atomically) and return its path."""
+def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report",
+          flag: str | None = None) -> Path:
+    """Render ``runs`` to ``out`` (atomically, with the mode of any new file) and return its path.
+
+    A path that cannot be written is InvalidInput naming it (and ``flag``, the
+    option that chose it); the CLI checks it before any work too, this is for a
+    folder that changed in between.
+    """
     out = Path(out)
-    atomic_write(out, render(runs, title))
+    page = render(runs, title)
+    try:
+        atomic_write(out, page)
+        share(out)
+    except OSError as exc:
+        if (bad := write_error(exc, out, flag)) is not None:
+            raise bad from None
+        raise
     return out
 
 

@@ -10,6 +10,7 @@ end, to another verdict or other flags) and ``same``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from runner.core.cassette import Cassette
 from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode
 from runner.core.errors import InvalidInput, ReplayMismatch
-from runner.core.outcomes import ReplayResult
+from runner.core.outcomes import AgentKind, ReplayResult
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel, spec_change
 from runner.core.rules import Rules, rules_of
@@ -90,7 +91,135 @@ def load_replayable(path: Path) -> Replayable:
         rules = rules_of(cas.header)
     except ValueError as exc:
         raise InvalidInput(str(exc), path=str(path), line=1, field="header.rules") from None
+    _same_episode(cas, path)
+    _clock_in_order(cas, path)
     return Replayable(cas, scenario, protocol, hint_level=level, track_fix=track, rules=rules)
+
+
+CLOCK_SLACK = 0.05  # seconds: readings are written rounded to the microsecond, times to the ms
+
+
+def _clock_in_order(cas: Cassette, path: Path) -> None:
+    """Clock readings come from a monotonic clock started with the episode: never negative,
+    never going back, none after the episode's end (the verdict's ``seconds``).
+
+    An edited reading otherwise surfaces turns later as a mismatch of some
+    request (its budget line) or guest exchange whose timing it changed, or
+    not at all; here the reading itself is named. Of two readings out of
+    order, the one whose removal puts the others in order is blamed (a spike
+    up, or a dip down); when either would, the durations recorded between
+    the readings break the tie. They are not used to reject a cassette: guests
+    in tests report durations that never elapsed.
+    """
+    clocks: list[dict[str, Any]] = []
+    took: list[float] = []  # took[i]: the durations recorded between readings i-1 and i
+    spent = 0.0
+    for event in cas.events:
+        if event["type"] == "clock":
+            clocks.append(event)
+            took.append(spent)
+            spent = 0.0
+            continue
+        holder = event.get("result") if event["type"] == "guest" else event.get("reply")
+        duration = holder.get("duration") if isinstance(holder, dict) else None
+        if isinstance(duration, int | float) and not isinstance(duration, bool) \
+                and math.isfinite(duration) and duration > 0:
+            spent += duration
+    ts = [float(e["t"]) for e in clocks]
+
+    seconds = (cas.verdict or {}).get("seconds")
+    end = float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) \
+        else None
+
+    def slack(i: int) -> float:
+        """How much longer than what ran in it the gap before reading i is (tie-break only)."""
+        if i == len(ts) and ts and end is not None:
+            return end - ts[-1]
+        return ts[i] - ts[i - 1] - took[i] if 0 < i < len(ts) else 0.0
+
+    def blame(i: int, why: str) -> InvalidInput:
+        return InvalidInput(f"clock reading t={ts[i]!r} {why}: the clock only goes forward, so "
+                            "this line was edited", path=str(path), line=cas.line_of(clocks[i]),
+                            field="clock.t")
+
+    for i, t in enumerate(ts):
+        if not math.isfinite(t) or t < 0:
+            raise blame(i, "is not a time since the start")
+        if i and t < ts[i - 1] - CLOCK_SLACK:
+            # Dropping which one leaves the rest in order: ts[i-1] (a spike) or ts[i] (a dip)?
+            spike = i < 2 or ts[i - 2] <= t
+            dip = i + 1 >= len(ts) or ts[i - 1] <= ts[i + 1]
+            if spike and dip:  # either: the one whose other gap is longer than what ran in it
+                spike = slack(i - 1) > slack(i + 1)
+            if spike:
+                raise blame(i - 1, f"is later than the next reading (t={t!r})")
+            raise blame(i, f"is earlier than the one before (t={ts[i - 1]!r})")
+    if ts and end is not None and ts[-1] > end + CLOCK_SLACK:
+        raise blame(len(ts) - 1, f"is later than the episode's end ({seconds!r} s, line "
+                                 f"{cas.line_of(cas.verdict or {})})")
+
+
+def clock_suspect(cas: Cassette) -> str | None:
+    """The clock reading that leaves too little time for what ran before it, or None.
+
+    The clock starts at 0 with the episode, and every guest exchange and model
+    call between two readings ran between them. A reading edited within the
+    order :func:`_clock_in_order` checks still breaks that; a replay that
+    diverged names it first, ahead of the request or exchange it threw off.
+    (Not a reason to refuse a cassette: test guests report durations that
+    never elapsed.)
+    """
+    prev_t, prev_line, spent = 0.0, None, 0.0
+    for event, line in zip(cas.events, cas.lines, strict=False):
+        if event["type"] == "clock":
+            t = float(event["t"])
+            if t - prev_t < spent - CLOCK_SLACK:
+                # A spike at the earlier reading or a dip at this one: both are named.
+                if prev_line is None:
+                    return (f"line {line}: clock reading t={t!r} was edited: it is {t:.3f} s "
+                            f"after the start, but what ran before it took {spent:.3f} s")
+                return (f"line {line}: clock reading t={t!r} or the reading t={prev_t!r} (line "
+                        f"{prev_line}) was edited: they are {t - prev_t:.3f} s apart, but what "
+                        f"ran between them took {spent:.3f} s")
+            prev_t, prev_line, spent = t, line, 0.0
+            continue
+        holder = event.get("result") if event["type"] == "guest" else event.get("reply")
+        duration = holder.get("duration") if isinstance(holder, dict) else None
+        if isinstance(duration, int | float) and not isinstance(duration, bool) \
+                and math.isfinite(duration) and duration > 0:
+            spent += duration
+    return None
+
+
+def _same_episode(cas: Cassette, path: Path) -> None:
+    """The verdict line must be about the episode the header recorded.
+
+    A replay compares verdicts and graded figures, not who the verdict names:
+    a verdict line edited to another scenario, agent, model, protocol or round
+    would otherwise replay "same" while saying something the run never did.
+    """
+    header, verdict = cas.header, cas.verdict or {}
+    model = header.get("model") if isinstance(header.get("model"), dict) else {}
+    protocol = header.get("protocol") if isinstance(header.get("protocol"), dict) else {}
+
+    def agent(value: object) -> object:
+        try:
+            return AgentKind(value)
+        except ValueError:
+            return value
+
+    expected = {
+        "scenario": (header["scenario"].get("id"), lambda v: v),
+        "agent": (AgentKind.from_fingerprint(model.get("kind")), agent),
+        "model": (model.get("name"), lambda v: v),
+        "protocol": (protocol.get("name", "tools"), lambda v: v),
+        "round": (header.get("round", 0), lambda v: v),
+    }
+    for key, (want, norm) in expected.items():
+        if key in verdict and want is not None and norm(verdict[key]) != want:
+            raise InvalidInput(f"the verdict names {verdict[key]!r}, the header {str(want)!r}: "
+                               "the verdict is not the recorded episode's", path=str(path),
+                               field=f"verdict.{key}")
 
 
 def unreadable(path: Path, exc: InvalidInput) -> ReplayOutcome:
@@ -110,7 +239,7 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
 
 # Graded fields a verdict records, compared when the recording has them (older ones do not).
 # Timings (seconds, phases, started/ended) are not graded: they differ on every run.
-_GRADED = ("score", "milestones", "hint_level", "regressed")
+_GRADED = ("score", "milestones", "hint_level", "regressed", "failed_recheck")
 
 
 def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) -> str | None:
@@ -190,6 +319,8 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
             raise ReplayMismatch(short[0])
     except ReplayMismatch as exc:
         notes.insert(0, str(exc))
+        if offline and (suspect := clock_suspect(cas)) is not None:
+            notes.insert(0, suspect)  # the cause, ahead of the exchange it threw off
         return ReplayOutcome(path, scenario.id, recorded, ReplayResult.MISMATCH.value,
                              ReplayResult.MISMATCH, _note("; ".join(notes)), 0.0, model.turn)
     replayed = _verdict_text(ep.verdict.value, [f.value for f in ep.flags])
@@ -199,6 +330,8 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
     elif (graded := _graded_difference(rec, ep, offline=offline)) is not None:
         result = ReplayResult.DIFFERENT
         notes.insert(0, graded)
+    if result is ReplayResult.DIFFERENT and offline and (suspect := clock_suspect(cas)):
+        notes.insert(0, suspect)
     notes.extend(model.mismatches)
     return ReplayOutcome(path, scenario.id, recorded, replayed, result,
                          _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns, ep)

@@ -1,7 +1,8 @@
 """Results as people and machines read them: tables, statistics, results JSON, JUnit XML.
 
-Everything a guest or a model produced passes through :func:`clean_text`
-before it is shown, so no escape sequence reaches the user's terminal.
+Everything a guest or a model produced passes through :func:`printable`
+before it is shown, so no escape sequence reaches the user's terminal and no
+bidirectional override reorders what they read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tabulate import tabulate
 from runner.app.stats import Interval, Summary, assists, summarize
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
-from runner.core.text import clean_text
+from runner.core.text import printable
 
 FORMATS = ("github", "plain", "json")  # every --format choice
 
@@ -28,7 +29,7 @@ def _flags(ep: Episode) -> str:
 
 def _row(ep: Episode) -> list[Any]:
     tokens = f"{ep.tokens_in}/{ep.tokens_out}" if (ep.tokens_in or ep.tokens_out) else "-"
-    return [clean_text(ep.scenario), ep.verdict.value, f"{ep.seconds:.1f}", ep.turns, ep.commands,
+    return [printable(ep.scenario), ep.verdict.value, f"{ep.seconds:.1f}", ep.turns, ep.commands,
             tokens, _flags(ep) or "-"]
 
 
@@ -87,7 +88,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     extra, cells = _graded(episodes, ladder)
     # A matrix bench (episodes of several arms) leads with the model and protocol of each row.
     lead = ["model", "protocol"] if any(ep.arm for ep in episodes) else []
-    rows = [([clean_text(ep.model), clean_text(ep.protocol)] if lead else []) + _row(ep) + more
+    rows = [([printable(ep.model), printable(ep.protocol)] if lead else []) + _row(ep) + more
             for ep, more in zip(episodes, cells, strict=True)]
     first = len(lead) + len(HEADERS)
     table = tabulate(rows, headers=lead + HEADERS + extra, tablefmt=tablefmt,
@@ -99,7 +100,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
         p = sum(t[0] for t in tps) / len(tps)
         g = sum(t[1] for t in tps) / len(tps)
         lines.append(f"model speed: prompt {p:.0f} tok/s, generation {g:.1f} tok/s (mean of runs)")
-    why = [f"  {clean_text(ep.scenario)}: {clean_text(ep.reason)}" for ep in episodes
+    why = [f"  {printable(ep.scenario)}: {printable(ep.reason)}" for ep in episodes
            if not ep.verdict.scored and ep.reason]
     if why:
         lines += ["", "not scored:"] + why
@@ -121,12 +122,12 @@ def junit_xml(episodes: Sequence[Episode], suite: str = "rootbench") -> str:
                       errors=str(c[Verdict.INFRA_ERROR.value] + c[Verdict.INVALID_SCENARIO.value]),
                       time=f"{sum(ep.seconds for ep in episodes):.3f}")
     for ep in episodes:
-        case = ET.SubElement(root, "testcase", classname=suite, name=clean_text(ep.scenario),
+        case = ET.SubElement(root, "testcase", classname=suite, name=printable(ep.scenario),
                              time=f"{ep.seconds:.3f}")
         if ep.verdict is Verdict.FAIL:
-            ET.SubElement(case, "failure", message=clean_text(ep.reason)[:500])
+            ET.SubElement(case, "failure", message=printable(ep.reason)[:500])
         elif ep.verdict is not Verdict.PASS:
-            ET.SubElement(case, "error", type=ep.verdict.value, message=clean_text(ep.reason)[:500])
+            ET.SubElement(case, "error", type=ep.verdict.value, message=printable(ep.reason)[:500])
         if ep.flags:
             ET.SubElement(case, "system-out").text = "flags: " + _flags(ep)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
@@ -167,7 +168,7 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     level = f"{st.confidence:.0%}"
     headers = ["scenario", "runs", f"pass@1 [{level} CI]", f"pass@{common}" if common else "pass@n",
                f"mean score [{level} CI]"]
-    rows = [[clean_text(s.scenario or ""), _runs(s), _ci(s.pass_at_1, s.pass_at_1_ci), at_k(s),
+    rows = [[printable(s.scenario or ""), _runs(s), _ci(s.pass_at_1, s.pass_at_1_ci), at_k(s),
              _ci(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
     o = st.overall
     rows.append(["overall", _runs(o), _ci(o.pass_at_1, o.pass_at_1_ci), at_k(o),

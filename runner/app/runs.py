@@ -19,8 +19,10 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,12 +65,52 @@ def new_run_dir(base: Path, label: str) -> Path:
     return path
 
 
+def check_writable_dir(path: Path, flag: str) -> None:
+    """Refuse, before any work, a directory the command would write to but cannot.
+
+    ``path`` need not exist yet: then its nearest existing ancestor must be
+    a directory it can be made in. Tried for real (a temporary file made and
+    removed), since permission bits say nothing to root or of a read-only
+    mount. One line naming the flag, :class:`InvalidInput`.
+    """
+    path = Path(path)
+    where = path
+    try:
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if not where.is_dir():
+            what = "is not a directory" if where == path else f"is under {where}, not a directory"
+            raise InvalidInput(f"{path} {what}", field=flag)
+        with tempfile.TemporaryFile(dir=where, prefix=".rootbench-write-check-"):
+            pass
+    except OSError as exc:
+        raise InvalidInput(f"cannot write in {where}: {exc.strerror or exc}", field=flag) from None
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux says it in /proc), else set back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half."""
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half.
+
+    The file gets the mode any new file gets (0666 less the umask), as the
+    cassettes do: the temporary file it is renamed from is made 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -98,29 +140,108 @@ def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Ep
     atomic_write(run_dir / "results.xml", junit_xml(episodes) + "\n")
 
 
+class _NotANumber:
+    """What the reader puts where results.json holds a number JSON cannot mean: NaN,
+    Infinity, a float that overflows to infinity, or an integer too long to convert
+    (Python refuses those past ``sys.get_int_max_str_digits()`` digits)."""
+
+    def __init__(self, text: str, why: str) -> None:
+        self.text = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
+        self.why = why
+
+
+MAX_INT_DIGITS = 100  # no count or time in a results file comes near this
+
+
+def _parse_int(text: str) -> int | _NotANumber:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        return _NotANumber(text, f"an integer of {digits} digits is out of range")
+    return int(text)
+
+
+def _parse_float(text: str) -> float | _NotANumber:
+    value = float(text)
+    return value if math.isfinite(value) else _NotANumber(text, "out of range (not finite)")
+
+
+def _parse_constant(name: str) -> _NotANumber:
+    return _NotANumber(name, "is not a number (JSON has no NaN or Infinity)")
+
+
+def _not_a_number(value: Any, path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], _NotANumber] | None:
+    """The first number the reader could not take, with where it is, or None."""
+    if isinstance(value, _NotANumber):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _not_a_number(item, (*path, key))) is not None:
+            return found
+    return None
+
+
+def _field(path: Sequence[Any]) -> str | None:
+    # Keys are the file's: one line each, no controls (a key may hold a newline or a bidi override).
+    field = ".".join(f"[{p}]" if isinstance(p, int) else one_line(str(p), 60) for p in path)
+    return field.replace(".[", "[") or None
+
+
+def results_file(run_dir: Path, what: str = "a run directory") -> Path:
+    """``RUNDIR/results.json`` when it is a regular file; else InvalidInput saying what is there.
+
+    Only ``stat`` is used: a FIFO named results.json is named as one, never opened
+    (an open would wait for a writer forever).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "results.json"
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        if not run_dir.is_dir():
+            raise InvalidInput("no such directory" if not run_dir.exists() else
+                               f"not {what} (a file, not a directory)", path=str(run_dir)) from None
+        raise InvalidInput(f"not {what} (no results.json)", path=str(run_dir)) from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read results.json: {exc.strerror or exc}",
+                           path=str(run_dir)) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+                "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise InvalidInput(f"is {kind}, not a results file", path=str(path))
+    return path
+
+
 def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
-    """Read a run directory's results back (for ``report`` and ``--resume``).
+    """Read a run directory's results back (for ``report``, ``compare`` and ``--resume``).
 
     A missing file is an empty run. A damaged one (not JSON, wrong types, an
-    unknown verdict) is :class:`InvalidInput` naming the file and the field:
-    a resume must never guess what a broken file meant.
+    unknown verdict, a number that is NaN, infinite, out of range or too long
+    to read) is :class:`InvalidInput` naming the file and the field: a resume
+    must never guess what a broken file meant, and a report never show it.
     """
     path = Path(run_dir) / "results.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}, []
+    path = results_file(Path(run_dir))
     text = read_text(path, limit=MAX_RESULTS_BYTES)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
     except (ValueError, RecursionError) as exc:
         where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
         raise InvalidInput(f"not valid JSON{where}", path=str(path)) from None
+    if (bad := _not_a_number(data)) is not None:
+        at, number = bad
+        raise InvalidInput(f"{number.text} {number.why}" if number.why.startswith("is ")
+                           else f"{number.text}: {number.why}", path=str(path), field=_field(at))
     errors = sorted(_results_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         assert best is not None
-        field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in best.absolute_path)
         raise InvalidInput(one_line(best.message, 160), path=str(path),
-                           field=field.replace(".[", "[") or None)
+                           field=_field(list(best.absolute_path)))
     fields = set(Episode.__dataclass_fields__)
     episodes = [Episode(**{k: v for k, v in e.items() if k in fields}) for e in data["episodes"]]
     run = data.get("run")

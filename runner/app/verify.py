@@ -1,15 +1,28 @@
-"""Scenarios that prove themselves: four checks per scenario, all on real VMs.
+"""Scenarios that prove themselves: five checks per scenario, all on real VMs.
 
 A benchmark task is only worth something if (1) the clean machine satisfies
 its invariants, (2) its fault really lands (a success probe fails after
 setup and none errors), (3) doing nothing fails it without tripping an
-invariant and (4) its reference
-solution passes it without collateral damage. Peers have shipped tasks that
-failed each of these; ``rootbench verify`` runs them all.
+invariant, (4) its reference solution passes it without collateral damage
+and (5) none of its ``shortcuts`` (commands that look like a fix and are
+not) passes it. Peers have shipped tasks that failed each of these;
+``rootbench verify`` runs them all.
 
-Two episodes per scenario cover the four checks: the noop agent's
+Two episodes per scenario cover the first four checks: the noop agent's
 (baseline, precheck, final verdict) and the oracle's (recorded as a
-cassette, so ``make test`` can replay it offline).
+cassette, so ``make test`` can replay it offline). The fifth is one
+episode per shortcut, its agent the ``scripted`` one replaying exactly the
+shortcut's commands, each recorded beside the oracle's cassette at
+:func:`shortcut_cassette` (``<record-to>/shortcuts/<scenario-id>/<slug>.jsonl``)
+so it replays offline too. Each shortcut is a job of its own, so
+``verify --jobs N`` runs them side by side with the scenarios' checks.
+
+A shortcut proves the scenario only by ending ``fail``: one that passes
+makes the scenario invalid and is named; one that ends ``infra-error`` or
+``invalid-scenario`` proves nothing, and the check is then not reached. A
+scenario that lists no shortcuts has nothing proving that it cannot be
+passed without the fix: its fifth check is not proven, and so it is not
+valid (``valid`` means every check passed).
 """
 
 from __future__ import annotations
@@ -20,15 +33,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.app.episodes import RunOptions, run_one
+from runner.app.runs import slug
 from runner.core.episode import Episode
-from runner.core.model import noop, oracle
+from runner.core.model import noop, oracle, scripted
 from runner.core.outcomes import Flag, ProbeOutcome, StopReason, Verdict
 from runner.core.protocol import get_protocol
 from runner.core.spec import Scenario
+from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.verify")
 
-CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
+# The checks the noop and oracle episodes of one job answer, then the shortcuts' (one job each).
+EPISODE_CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
+SHORTCUTS = "shortcuts rejected"
+CHECKS = (*EPISODE_CHECKS, SHORTCUTS)
+SHORTCUT_DIR = "shortcuts"  # under --record-to: <SHORTCUT_DIR>/<scenario-id>/<slug>.jsonl
+WHY = "verify: scripted agents speak native tool calls"
+
+
+@dataclass
+class ShortcutRun:
+    """What one shortcut's episode(s) proved: ``rejected`` True (it failed every try), False
+    (it passed: the scenario is invalid) or None (infra-error or invalid-scenario: nothing)."""
+
+    name: str
+    kind: str
+    rejected: bool | None
+    verdict: str  # the deciding try's verdict
+    reason: str  # that try's reason: why the shortcut failed, or how it passed
+    cassette: str | None = None
+    seconds: float = 0.0
+    tries: int = 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "kind": self.kind, "rejected": self.rejected,
+                "verdict": self.verdict, "reason": self.reason, "cassette": self.cassette,
+                "seconds": self.seconds, "tries": self.tries}
 
 
 @dataclass
@@ -38,8 +78,9 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
     cassette: str | None = None
-    tries: int = 1  # how many times the four checks ran (verify --repeat)
+    tries: int = 1  # how many times the checks ran (verify --repeat)
     flaky: bool = False  # the tries disagreed on some check
+    shortcuts: list[ShortcutRun] = field(default_factory=list)  # in the spec's order
 
     @property
     def valid(self) -> bool:
@@ -59,7 +100,7 @@ def merge(tries: list[Verification]) -> Verification:
         raise ValueError("nothing to merge")
     merged = Verification(tries[0].scenario, tries=len(tries), cassette=tries[-1].cassette,
                           seconds=round(sum(t.seconds for t in tries), 1))
-    for check in CHECKS:
+    for check in EPISODE_CHECKS:  # a shortcut's tries are judged by judge_shortcut
         seen = [t.checks.get(check) for t in tries]
         merged.checks[check] = None if any(x is None for x in seen) else all(seen)
         if len({x for x in seen if x is not None}) > 1:
@@ -100,7 +141,7 @@ def _fault(ep: Episode, v: Verification) -> None:
 
 def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: str = "auto",
                     transport: str = "serial", record_to: Path | None = None) -> Verification:
-    """The four checks ``repeat`` times; only the last try records to ``record_to``."""
+    """The noop and oracle checks ``repeat`` times; only the last try records to ``record_to``."""
     tries = []
     for i in range(1, repeat + 1):
         last = i == repeat
@@ -115,12 +156,12 @@ def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: st
 
 def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
                     transport: str = "serial", record_to: Path | None = None) -> Verification:
-    """Run the four checks on ``scenario``; the oracle cassette goes to ``record_to``."""
+    """Run the noop and oracle checks on ``scenario``; the oracle cassette goes to ``record_to``."""
     t0 = time.monotonic()
     v = Verification(scenario.id)
     opts = RunOptions(accel=accel, transport=transport, protocol="tools")
     tools = get_protocol("tools")
-    why = "verify: scripted agents speak native tool calls"
+    why = WHY
 
     log.info("%s: noop agent", scenario.id)
     ep = run_one(scenario, noop(), tools, why, opts, run_dir / f"{scenario.id}.noop.jsonl")
@@ -153,14 +194,107 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
     return v
 
 
+def shortcut_slugs(scenario: Scenario) -> list[str]:
+    """Each shortcut's file name stem, in the spec's order: its name made a lower-case slug,
+    ``-2``, ``-3`` ... after a stem an earlier shortcut already took (names differ in case or
+    punctuation only)."""
+    out: list[str] = []
+    for s in scenario.shortcuts:
+        base = slug(s.name).lower()
+        stem, n = base, 1
+        while stem in out:
+            n += 1
+            stem = f"{base}-{n}"
+        out.append(stem)
+    return out
+
+
+def shortcut_cassette(record_dir: Path, scenario: Scenario, index: int) -> Path:
+    """Where shortcut ``index`` of ``scenario`` is recorded: beside the oracle's cassettes."""
+    return record_dir / SHORTCUT_DIR / scenario.id / f"{shortcut_slugs(scenario)[index]}.jsonl"
+
+
+def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int = 1, *,
+                    accel: str = "auto", transport: str = "serial",
+                    record_to: Path | None = None) -> ShortcutRun:
+    """Run shortcut ``index`` as the scripted agent ``repeat`` times; the last try records to
+    ``record_to`` (else ``run_dir``), earlier ones to ``run_dir/try<i>``."""
+    t0 = time.monotonic()
+    shortcut = scenario.shortcuts[index]
+    opts = RunOptions(accel=accel, transport=transport, protocol="tools")
+    tools = get_protocol("tools")
+    episodes: list[Episode] = []
+    target = shortcut_cassette(record_to or run_dir, scenario, index)
+    for i in range(1, repeat + 1):
+        path = target if i == repeat else shortcut_cassette(run_dir / f"try{i}", scenario, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("%s: shortcut %r%s", scenario.id, shortcut.name,
+                 f" (try {i} of {repeat})" if repeat > 1 else "")
+        agent = scripted(shortcut.name, list(shortcut.commands))
+        episodes.append(run_one(scenario, agent, tools, WHY, opts, path))
+    run = judge_shortcut(shortcut.name, shortcut.kind.value, episodes)
+    run.cassette, run.seconds = str(target), round(time.monotonic() - t0, 1)
+    return run
+
+
+def judge_shortcut(name: str, kind: str, episodes: list[Episode]) -> ShortcutRun:
+    """One shortcut's tries as one finding: a pass in any try passes it (a shortcut that
+    passes sometimes still passes), a fail in every try rejects it, anything else proves
+    nothing (an infra-error is the machine's, not the scenario's)."""
+    deciding = next((e for e in episodes if e.verdict is Verdict.PASS), None)
+    rejected: bool | None = False
+    if deciding is None:
+        deciding = next((e for e in episodes if e.verdict is not Verdict.FAIL), None)
+        rejected = None if deciding is not None else True
+        deciding = deciding or episodes[-1]
+    return ShortcutRun(name=name, kind=kind, rejected=rejected, verdict=deciding.verdict.value,
+                       reason=one_line(deciding.reason, 300), tries=len(episodes))
+
+
+def add_shortcuts(v: Verification, runs: list[ShortcutRun]) -> None:
+    """The fifth check from the shortcuts' runs, with a problem naming each one that passed."""
+    v.shortcuts = runs
+    v.seconds = round(v.seconds + sum(r.seconds for r in runs), 1)
+    if not runs:
+        v.checks[SHORTCUTS] = None
+        v.problems.append(f"{SHORTCUTS}: not proven: the spec lists no shortcuts, so nothing "
+                          "shows it cannot be passed without the fix")
+        return
+    passed = [r for r in runs if r.rejected is False]
+    unproven = [r for r in runs if r.rejected is None]
+    v.checks[SHORTCUTS] = False if passed else (None if unproven else True)
+    for r in passed:
+        v.problems.append(f"shortcut {r.name!r} passed: {r.reason}")
+    for r in unproven:
+        v.problems.append(f"{SHORTCUTS}: not proven: shortcut {r.name!r} ended {r.verdict} "
+                          f"({r.reason})")
+
+
+def _mark(v: Verification, check: str) -> str:
+    x = v.checks.get(check)
+    if check == SHORTCUTS:
+        if not v.shortcuts:
+            return "none"
+        rejected = sum(r.rejected is True for r in v.shortcuts)
+        word = "ok" if x is True else ("FAIL" if x is False else "-")
+        return f"{word}:{rejected}/{len(v.shortcuts)}"  # how many of them were rejected
+    return "ok" if x is True else ("FAIL" if x is False else "-")
+
+
 def table_rows(results: list[Verification]) -> tuple[list[str], list[list[str]]]:
+    """The table: one row per scenario, a column per check (``shortcuts rejected`` reads
+    ``ok:2/2``, ``FAIL:1/2`` with how many were rejected, or ``none``), its first problem."""
     repeated = any(v.tries > 1 for v in results)
     headers = ["scenario", *CHECKS, *(["tries", "flaky"] if repeated else []), "seconds", "problem"]
-
-    def mark(x: bool | None) -> str:
-        return "ok" if x is True else ("FAIL" if x is False else "-")
-
-    rows = [[v.scenario, *(mark(v.checks.get(c)) for c in CHECKS),
+    rows = [[v.scenario, *(_mark(v, c) for c in CHECKS),
              *([str(v.tries), "FLAKY" if v.flaky else "no"] if repeated else []),
              f"{v.seconds:.1f}", v.problems[0][:90] if v.problems else ""] for v in results]
     return headers, rows
+
+
+def json_rows(results: list[Verification]) -> list[dict[str, object]]:
+    """``verify --format json``: each table row's fields, and beside them ``valid``, every
+    problem and each shortcut's finding (name, kind, rejected, verdict, reason, cassette)."""
+    headers, rows = table_rows(results)
+    return [{**dict(zip(headers, row, strict=True)), "valid": v.valid, "problems": v.problems,
+             "shortcuts": [r.to_dict() for r in v.shortcuts]} for v, row in zip(results, rows, strict=True)]

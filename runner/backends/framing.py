@@ -10,17 +10,19 @@ and the guarantees; this module is the host's half of it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import re
 import secrets
 import time
 from importlib import resources
+from typing import Protocol
 
 import requests
 
-from runner.core.errors import GuestDown
-from runner.core.guest import CommandResult, HttpResult
+from runner.core.errors import GuestDown, VMError
+from runner.core.guest import CommandResult, HttpResult, RebootResult
 
 B64_CHUNK = 3000  # base64 characters per request line: a terminal line holds at most 4095
 
@@ -113,6 +115,22 @@ def output_cap(output_limit: int | None) -> int:
 
 
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
+CLEAN_SHUTDOWN = 120.0  # seconds a guest gets to shut down by itself before it is reset
+# New on every boot: proof that one happened; read by the shell's builtin, not a guest binary.
+BOOT_ID = 'read -r id < /proc/sys/kernel/random/boot_id && echo "$id"'
+
+
+class Power(Protocol):
+    """The VM's own controls a guest may use, lent by whoever owns the VM (the sandbox's QEMU)."""
+
+    def allow_reboot(self, on: bool) -> None:
+        """While on, a guest reboot resets the VM instead of ending it."""
+
+    def wait_reset(self, timeout: float) -> bool:
+        """Whether the VM reset within ``timeout`` seconds."""
+
+    def reset(self) -> None:
+        """Reset the VM now, without a shutdown."""
 
 
 class HelperRestarted(Exception):
@@ -130,6 +148,7 @@ class FramedGuest:
     def __init__(self, forwards: dict[int, int]) -> None:
         self.forwards = dict(forwards)
         self._dead: str | None = None
+        self.power: Power | None = None  # set by the VM's owner; without it no reboot
 
     def _send(self, text: str) -> None:
         raise NotImplementedError
@@ -144,6 +163,11 @@ class FramedGuest:
 
     def _recover(self) -> None:
         """Make the channel answer again after a helper that did not (GuestDown if it cannot)."""
+        raise NotImplementedError
+
+    def _come_back(self, deadline: float) -> None:
+        """After a reset: by ``deadline``, a fresh helper answering, the guest's clock set to the
+        host's (GuestDown if not)."""
         raise NotImplementedError
 
     def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool,
@@ -180,6 +204,48 @@ class FramedGuest:
 
     def inspect(self, question: str, timeout: float) -> CommandResult:
         return self._run(question, timeout, 1 << 18, clean=True, mode="i")  # a 1 MiB answer
+
+    def reboot(self, timeout: float) -> RebootResult:
+        """Reboot cleanly (``systemctl reboot``), reset if the guest does not within
+        :data:`CLEAN_SHUTDOWN`, and return once a fresh helper answers and the boot is done.
+
+        A clean reboot is what an admin does and what a fix must survive: the
+        guest flushes what it wrote and stops its units first. QEMU announces
+        the reset itself (QMP ``RESET``), so the wait needs no guessing from
+        console output, and the guest's boot id, read before and after, proves
+        a new boot. Anything that keeps the guest from answering again by
+        ``timeout`` is GuestDown.
+        """
+        if self.power is None:
+            raise GuestDown("this guest cannot be rebooted: no control of its VM was given")
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        before = self._run(BOOT_ID, 15, 200, clean=True).output.strip()
+        try:
+            self.power.allow_reboot(True)
+            try:
+                self._run("systemctl --no-block reboot", 30, 2000, clean=True)
+            except GuestDown:
+                if self._dead:
+                    raise
+            clean = self.power.wait_reset(max(min(CLEAN_SHUTDOWN, deadline - time.monotonic()), 0.1))
+            if not clean:
+                self.power.reset()
+            self._come_back(deadline)
+            # Autologin can come before the boot's last units: judge the machine once it is up.
+            left = deadline - time.monotonic()
+            if left > 1:
+                self._run("systemctl is-system-running --wait >/dev/null 2>&1; true",
+                          min(left, 120.0), 200, clean=True)
+            after = self._run(BOOT_ID, 15, 200, clean=True).output.strip()
+        except VMError as exc:
+            raise GuestDown(f"the VM could not be rebooted: {exc}") from None
+        finally:
+            with contextlib.suppress(VMError):
+                self.power.allow_reboot(False)
+        if not after or after == before:
+            raise GuestDown(f"the guest did not reboot (its boot id is still {after[:36]!r})")
+        return RebootResult(clean, round(time.monotonic() - t0, 3))
 
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
         host_port = self.forwards.get(guest_port)

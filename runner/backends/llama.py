@@ -27,7 +27,7 @@ from typing import Any
 import requests
 
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
-from runner.backends.process import die_with_parent, end_process, free_port, last_line, run_child
+from runner.backends.process import die_with_parent, end_process, free_port, run_child
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.waiting import wait_until
 
@@ -249,6 +249,7 @@ class LlamaServer:
         self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        started_at = self._log.tell()  # the log is appended to: this start's lines begin here
         cmd = [str(self.binary), "-m", str(self.model_path), "--host", "127.0.0.1",
                "--port", str(self.port), "--jinja", "--parallel", str(self.parallel),
                "--seed", str(self.seed), "-c", str(self.ctx_size * self.parallel),
@@ -261,8 +262,7 @@ class LlamaServer:
 
         def healthy() -> bool:
             if proc.poll() is not None:
-                raise InfraError(f"llama-server exited at start (code {proc.returncode}): "
-                                 f"{last_line(self.log_path)[:160]}")
+                raise InfraError(exit_detail(proc.returncode, self.log_path, started_at))
             try:
                 r = requests.get(f"{self.endpoint}/health",
                                  timeout=max(0.1, min(2.0, deadline - time.monotonic())))
@@ -303,6 +303,24 @@ class LlamaServer:
             return r.json() if r.status_code == 200 else {}
         except (requests.RequestException, ValueError):
             return {}
+
+
+def exit_detail(code: int, log_path: Path, offset: int = 0, lines: int = 3) -> str:
+    """One line saying how llama-server ended at start: its exit code (or signal) and the last
+    ``lines`` lines it wrote (from ``offset`` of its log), or that it wrote nothing."""
+    how = f"killed by signal {-code}" if code < 0 else f"code {code}"
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(max(offset, log_path.stat().st_size - 8192))
+            said = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines()
+                    if ln.strip()]
+    except OSError:
+        said = []
+    tail = " | ".join(said[-lines:])
+    text = (f"llama-server exited at start ({how}): {tail}" if tail
+            else f"llama-server exited at start ({how}) without writing a line")
+    text = " ".join(text.split())
+    return f"{text[:300]} (log: {log_path})"
 
 
 def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> dict[str, Any]:

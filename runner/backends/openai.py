@@ -8,17 +8,22 @@ requests ``choose_protocol`` reads). The API key is sent, never recorded.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.client
 import json
+import math
 import os
 import random
 import re
+import socket
+import ssl
+import threading
 import time
 from typing import Any
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-import requests
-
-from runner.core.errors import ContextExhausted, ModelServerError
+from runner.core.errors import ContextExhausted, InvalidInput, ModelServerError
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.protocol import TOOLS
 
@@ -29,9 +34,167 @@ _CONTEXT_FULL = re.compile(r"exceed_context_size|exceeds the available context|"
                            r"maximum context length|context_length_exceeded", re.I)
 
 
+# The largest token count or millisecond figure a usage block may hold: 2**53, the last integer
+# every JSON reader keeps exact. Anything above is a broken counter, not a count.
+MAX_USAGE = 2 ** 53
+
+
 def _one_line(text: str, limit: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- endpoints and bounded HTTP ------------------------------------------------------------------
+
+def check_endpoint(endpoint: str) -> SplitResult:
+    """``endpoint`` parsed, or :class:`InvalidInput` naming ``--endpoint`` in one line.
+
+    An http(s) URL with a host and a valid port; a path (a server behind a
+    prefix) and a query (an API gateway's key or version) are kept, a
+    fragment is refused (it never reaches the server, so it is a typo).
+    """
+    try:
+        url = urlsplit(endpoint)
+        port = url.port
+    except ValueError as exc:  # 'http://[::1' (an unclosed IPv6 bracket), a port out of range
+        raise InvalidInput(f"not a valid URL ({exc}): {endpoint!r}", field="--endpoint") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise InvalidInput(f"not an http(s) URL with a host: {endpoint!r}", field="--endpoint")
+    if port == 0:
+        raise InvalidInput(f"the port is not a number from 1 to 65535: {endpoint!r}",
+                           field="--endpoint")
+    if url.fragment:
+        raise InvalidInput(f"a URL fragment (#...) never reaches the server: {endpoint!r}",
+                           field="--endpoint")
+    if any(ord(c) < 33 or ord(c) == 127 for c in endpoint):
+        raise InvalidInput(f"spaces or control characters in the URL: {endpoint!r}",
+                           field="--endpoint")
+    return url
+
+
+def api_url(endpoint: str, path: str) -> str:
+    """The URL of the server's ``path`` (``v1/chat/completions``, ``props``) under ``endpoint``.
+
+    Built from the parsed parts, never by pasting strings: the path goes after
+    the endpoint's own path (a trailing ``/v1`` is the API's, so it is not
+    doubled) and before its query, which is kept as it was given.
+    """
+    url = urlsplit(endpoint)
+    base = url.path.rstrip("/")
+    if base.endswith("/v1") and path.startswith("v1/"):
+        base = base[:-3]
+    return urlunsplit((url.scheme, url.netloc, f"{base}/{path.lstrip('/')}", url.query, ""))
+
+
+class ReplyTimeout(OSError):
+    """The whole exchange (connect, request, headers, body) outlived its one deadline."""
+
+
+def http_call(method: str, url: str, *, timeout: float, body: bytes | None = None,
+              headers: dict[str, str] | None = None,
+              limit: int = MAX_REPLY_BYTES) -> tuple[int, bytes]:
+    """One HTTP exchange, bounded by one wall-clock deadline whatever the server does.
+
+    Socket timeouts bound each read, not the exchange: a server that drips a
+    byte every second (in its headers or its body) would keep a reader going
+    for ever. Here a watchdog thread shuts the socket down when ``timeout``
+    seconds (monotonic) have passed since the call began, which ends any
+    read in progress at once; the call then raises :class:`ReplyTimeout`.
+    A body longer than ``limit`` is :class:`ModelServerError`. Returns
+    (status, body).
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    parts = urlsplit(url)
+    target = urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    first = max(0.01, min(timeout, 10.0))  # connecting must not take the whole budget
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=first,
+                                           context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=first)
+    done = threading.Event()
+    expired = threading.Event()
+
+    def watchdog() -> None:
+        # Until the call ends: at the deadline, and again every 0.1 s (a socket made after the
+        # first cut, while connecting, is cut too), shut the socket down to end any read.
+        if done.wait(max(0.0, deadline - time.monotonic())):
+            return
+        expired.set()
+        while not done.is_set():
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            done.wait(0.1)
+
+    guard = threading.Thread(target=watchdog, name="rootbench-http-deadline", daemon=True)
+    guard.start()
+
+    def check() -> None:
+        if expired.is_set() or time.monotonic() >= deadline:
+            raise ReplyTimeout(f"no complete reply within {timeout:.1f}s")
+
+    try:
+        conn.connect()
+        check()
+        if conn.sock is not None:
+            conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        conn.request(method, target, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = bytearray()
+        while True:
+            check()
+            chunk = response.read1(65536)  # at most one read of the socket
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > limit:
+                raise ModelServerError(f"the model server's reply is larger than "
+                                       f"{limit // (1024 * 1024)} MB")
+        check()
+        return response.status, bytes(data)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if expired.is_set() or time.monotonic() >= deadline:
+            raise ReplyTimeout(f"no complete reply within {timeout:.1f}s") from None
+        if isinstance(exc, OSError):
+            raise
+        raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        done.set()
+        conn.close()
+        guard.join(1.0)
+
+
+def check_reachable(endpoint: str, timeout: float) -> None:
+    """Refuse, in one line naming ``--endpoint``, a server that does not answer within ``timeout``.
+
+    Asked before any work (a VM restore is ~20 s a scenario): any HTTP
+    answer, even an error status, shows something is listening there.
+    """
+    try:
+        http_call("GET", api_url(endpoint, "v1/models"), timeout=timeout, limit=1024 * 1024)
+    except ModelServerError:
+        return  # it answered, at length
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        raise InvalidInput(_one_line(f"nothing answers at {endpoint} within {timeout:.0f}s: "
+                                     f"{why}"), field="--endpoint") from None
+
+
+def finite_json(raw: bytes | str) -> Any:
+    """``raw`` parsed as strict JSON: NaN, Infinity and integers too long to read are refused.
+
+    Python's reader takes ``NaN`` and ``Infinity`` though JSON has neither; a
+    reply holding one would end up in a cassette no other tool can read.
+    Raises ValueError (or RecursionError) with the reason.
+    """
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    return json.loads(raw, parse_constant=constant)
 
 
 class OpenAIModel(Model):
@@ -47,9 +210,7 @@ class OpenAIModel(Model):
     def __init__(self, endpoint: str, model_name: str, *, api_key: str | None = None,
                  temperature: float = 0.0, seed: int = 0, max_tokens: int = 512,
                  extra_fingerprint: dict[str, Any] | None = None, retries: int = 3) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        if self.endpoint.endswith("/v1"):
-            self.endpoint = self.endpoint[:-3]
+        self.endpoint = _base(endpoint)
         self.name = model_name
         self._key = api_key or os.environ.get("ROOTBENCH_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.temperature = temperature
@@ -57,21 +218,20 @@ class OpenAIModel(Model):
         self.max_tokens = max_tokens
         self.retries = retries
         self._extra = dict(extra_fingerprint or {})
-        self._session = requests.Session()
         self._props: dict[str, Any] | None = None
         self._json_ok: bool | None = None
         self._native: bool | None = None
 
     def clone(self, *, seed: int | None = None, endpoint: str | None = None) -> OpenAIModel:
-        """This model for one more episode: its own HTTP session (episodes may run at once, in
-        threads or other processes), its own seed, the capability answers already learnt."""
+        """This model for one more episode (episodes may run at once, in threads or other
+        processes; each call has its own connection), its own seed, the capability answers
+        already learnt."""
         twin = copy.copy(self)
-        twin._session = requests.Session()
         twin._extra = dict(self._extra)
         if seed is not None:
             twin.seed = seed
         if endpoint is not None:
-            twin.endpoint = endpoint.rstrip("/")
+            twin.endpoint = _base(endpoint)
         return twin
 
     def _headers(self) -> dict[str, str]:
@@ -89,19 +249,10 @@ class OpenAIModel(Model):
                 "stream": False}
 
     def _post_once(self, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
-        with self._session.post(f"{self.endpoint}/v1/chat/completions", json=body,
-                                headers=self._headers(), timeout=(min(timeout, 10.0), timeout),
-                                stream=True) as r:
-            data = bytearray()
-            deadline = time.monotonic() + timeout
-            for chunk in r.iter_content(65536):
-                data += chunk
-                if len(data) > MAX_REPLY_BYTES:
-                    raise ModelServerError(f"the model server's reply is larger than "
-                                           f"{MAX_REPLY_BYTES // (1024 * 1024)} MB")
-                if time.monotonic() > deadline:
-                    raise requests.Timeout("reply body took too long")
-            return r.status_code, bytes(data)
+        payload = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8",
+                                                                                 "surrogatepass")
+        return http_call("POST", api_url(self.endpoint, "v1/chat/completions"), timeout=timeout,
+                         body=payload, headers=self._headers())
 
     def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
         body = self._body(request)
@@ -117,7 +268,7 @@ class OpenAIModel(Model):
             except ModelServerError as exc:
                 exc.attempts = attempts
                 raise
-            except (requests.RequestException, OSError) as exc:
+            except OSError as exc:  # refused, reset, or past the deadline (ReplyTimeout)
                 attempts.append({"error": self._scrub(_one_line(f"{type(exc).__name__}: {exc}")),
                                  "seconds": round(time.monotonic() - t0, 3)})
                 self._backoff(attempt, deadline)
@@ -151,29 +302,29 @@ class OpenAIModel(Model):
             raise fail(f"the model server answered HTTP {status}: "
                        f"{self._scrub(raw[:120].decode(errors='replace'))}")
         try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise fail("the model server's reply is not JSON") from None
+            data = finite_json(raw)
+        except RecursionError:
+            raise fail("the model server's reply is not JSON (nested too deeply)") from None
+        except ValueError as exc:  # not JSON, NaN or Infinity, an integer too long to read
+            raise fail(f"the model server's reply is not JSON: {exc}") from None
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise fail("the model server's reply has no choices")
         message = choices[0].get("message")
         if not isinstance(message, dict):
             raise fail("the model server's reply has no message")
-        return ModelReply(message=message, raw=data, usage=_usage(data), duration=round(seconds, 3),
+        try:
+            usage = _usage(data)
+        except ValueError as exc:
+            raise fail(f"the model server's reply is malformed: {exc}") from None
+        return ModelReply(message=message, raw=data, usage=usage, duration=round(seconds, 3),
                           attempts=attempts)
 
     # --- what the server can do (asked once) ---------------------------------------------------
 
     def _get_props(self) -> dict[str, Any]:
         if self._props is None:
-            try:
-                r = self._session.get(f"{self.endpoint}/props", headers=self._headers(), timeout=10)
-                self._props = r.json() if r.status_code == 200 else {}
-                if not isinstance(self._props, dict):
-                    self._props = {}
-            except (requests.RequestException, ValueError):
-                self._props = {}
+            self._props = server_props(self.endpoint, timeout=10, headers=self._headers())
         return self._props
 
     def template_supports_tools(self) -> bool | None:
@@ -219,24 +370,81 @@ class OpenAIModel(Model):
             self.max_tokens = saved
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": self.kind, "endpoint": self.endpoint, "name": self.name,
+        # The endpoint without its query: a gateway's key may ride in it, and keys are never kept.
+        url = urlsplit(self.endpoint)
+        endpoint = urlunsplit((url.scheme, url.netloc, url.path, "", ""))
+        return {"kind": self.kind, "endpoint": endpoint, "name": self.name,
                 "sampling": {"temperature": self.temperature, "seed": self.seed,
                              "max_tokens": self.max_tokens}, **self._extra}
 
     def close(self) -> None:
-        self._session.close()
+        """Nothing to release: every call opens and closes its own connection."""
+
+
+def _base(endpoint: str) -> str:
+    """``endpoint`` without a trailing slash or ``/v1`` on its path (the API adds its own), its
+    query kept: ``http://h:8080/v1/`` and ``http://h:8080`` are the same server."""
+    url = urlsplit(endpoint)
+    path = url.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return urlunsplit((url.scheme, url.netloc, path, url.query, ""))
+
+
+def server_props(endpoint: str, *, timeout: float, headers: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+    """The server's ``/props`` (llama-server's capabilities and slots) as a JSON object, else {}.
+
+    Any other answer (an error, not JSON, a JSON list or number, a server
+    that never finishes) is "the server does not say": {}.
+    """
+    try:
+        status, raw = http_call("GET", api_url(endpoint, "props"), timeout=timeout,
+                                headers=headers, limit=1024 * 1024)
+        props = finite_json(raw) if status == 200 else {}
+    except (OSError, ModelServerError, ValueError, RecursionError):
+        return {}
+    return props if isinstance(props, dict) else {}
+
+
+def _count(where: str, value: Any, *, integer: bool) -> int | float | None:
+    """One usage figure as sent: None when absent; a count it can be; else ValueError saying why.
+
+    Usage feeds the run's token and speed figures and its cassette. A
+    negative, fractional, textual or astronomically large count is a broken
+    server, and taking it would put a wrong figure (or one JSON cannot hold)
+    into the results, so the reply is refused instead (the episode is then
+    ``infra-error`` with this reason; see README "Misbehaving model servers").
+    """
+    if value is None:
+        return None
+    if integer and isinstance(value, float) and value.is_integer() and 0 <= value <= MAX_USAGE:
+        value = int(value)  # 12.0 tokens is 12 tokens
+    ok = (isinstance(value, int) or (not integer and isinstance(value, float))) \
+        and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= MAX_USAGE
+    if not ok:
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() < 64 \
+            else f"an integer of {value.bit_length()} bits"
+        what = "a count" if integer else "a duration"
+        raise ValueError(f"{where} is {_one_line(shown, 40)}, not {what} from 0 to 2**53")
+    return value
 
 
 def _usage(data: dict[str, Any]) -> dict[str, Any]:
+    """The reply's token counts and llama-server's timings, each checked by :func:`_count`."""
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
     details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
-    out: dict[str, Any] = {
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "cached_tokens": details.get("cached_tokens", timings.get("cache_n")),
-        "prompt_evaluated": timings.get("prompt_n"),
-        "prompt_ms": timings.get("prompt_ms"),
-        "predicted_ms": timings.get("predicted_ms"),
+    cached = ("usage.prompt_tokens_details.cached_tokens", details["cached_tokens"]) \
+        if "cached_tokens" in details else ("timings.cache_n", timings.get("cache_n"))
+    fields = {
+        "prompt_tokens": ("usage.prompt_tokens", usage.get("prompt_tokens"), True),
+        "completion_tokens": ("usage.completion_tokens", usage.get("completion_tokens"), True),
+        "cached_tokens": (*cached, True),
+        "prompt_evaluated": ("timings.prompt_n", timings.get("prompt_n"), True),
+        "prompt_ms": ("timings.prompt_ms", timings.get("prompt_ms"), False),
+        "predicted_ms": ("timings.predicted_ms", timings.get("predicted_ms"), False),
     }
-    return {k: v for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    out = {key: _count(where, value, integer=integer)
+           for key, (where, value, integer) in fields.items()}
+    return {k: v for k, v in out.items() if v is not None}

@@ -295,6 +295,39 @@ class Qemu:
         except VMError:
             return "unknown"
 
+    # What a guest may do to the machine (framing.Power): reboot it for a judge's re-check.
+    def allow_reboot(self, on: bool) -> None:
+        """A guest reboot resets the VM (``on``), or ends QEMU as ``-no-reboot`` says (off).
+
+        Every QEMU runs with ``-no-reboot`` (an agent's ``reboot`` ends the run
+        as a server that went down, and the golden snapshot's command line
+        keys it), so a reboot the judge asks for is allowed for its duration
+        only, through QMP ``set-action``. Events pending before it are dropped:
+        the reset to wait for comes after.
+        """
+        self.cmd("set-action", reboot="reset" if on else "shutdown")
+        if on:
+            self.qmp.clear_events()
+
+    def wait_reset(self, timeout: float) -> bool:
+        """Whether the guest reset itself (QMP ``RESET``) within ``timeout`` seconds; False if
+        QEMU exited instead."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                event = self.qmp.pull_event(wait=float(max(min(left, 1.0), 0.001)))
+            except asyncio.TimeoutError:
+                continue
+            if event and event.get("event") == "RESET":
+                return True
+        return False
+
+    def reset(self) -> None:
+        """Reset the VM at once, as the power button's hard twin: nothing is shut down first."""
+        self.cmd("system_reset")
+
     def alive(self) -> bool:
         return self.proc.poll() is None and self.status() not in ("internal-error", "shutdown")
 

@@ -160,8 +160,11 @@ class Sandbox:
             key = self._dir / "id_ed25519"
             shutil.copyfile(image.ssh_key, key)
             os.chmod(key, 0o600)
-            self.guest = SshGuest(self._q.forwards[22], str(key), str(self._dir), self._q.forwards)
+            ssh = SshGuest(self._q.forwards[22], str(key), str(self._dir), self._q.forwards)
+            ssh.power = self._q  # the judge's reboot re-check
+            self.guest = ssh
         else:
+            self._serial.power = self._q
             self.guest = self._serial
         self.info = SandboxInfo(accel=accel, restored=way != "cold", restore=way, fallback=fallback,
                                 ready_s=round(time.monotonic() - t0, 3),

@@ -167,6 +167,13 @@ class SerialGuest(FramedGuest, Guest):
             self._dead = "the serial shell stopped answering"
             raise
 
+    def _come_back(self, deadline: float) -> None:
+        """After a reset: the console service's new shell, quieted, running a fresh helper, and
+        the clock set (a reset guest reads the time from the RTC QEMU restored with it)."""
+        self._drain()  # whatever the old boot said on its way down
+        self.wait_for_login(max(deadline - time.monotonic(), 0.1))
+        self.sync(max(min(20.0, deadline - time.monotonic()), 1.0), set_clock=True)
+
     def alive(self) -> bool:
         if self._dead:
             return False

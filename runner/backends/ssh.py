@@ -19,6 +19,7 @@ import pexpect.fdpexpect
 from runner.backends.framing import (
     FramedGuest,
     HelperRestarted,
+    clock_line,
     helper_command,
     helper_source,
     new_sentinel,
@@ -50,7 +51,14 @@ class SshGuest(FramedGuest, Guest):
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
         self._helper: tuple[subprocess.Popen[bytes], pexpect.fdpexpect.fdspawn] | None = None
         self._helper_log = Path(workdir) / "ssh-helper.log"
-        log = Path(workdir) / "ssh-master.log"
+        self._master_log = Path(workdir) / "ssh-master.log"
+        self._control = Path(workdir) / "ssh.ctl"
+        self._connect(connect_timeout)
+        self._start_helper()
+
+    def _connect(self, connect_timeout: float) -> None:
+        """The master connection, up within ``connect_timeout`` seconds (GuestDown if not)."""
+        log = self._master_log
         deadline = time.monotonic() + connect_timeout
 
         def master_up() -> bool:
@@ -73,8 +81,6 @@ class SshGuest(FramedGuest, Guest):
 
         wait_until(master_up, connect_timeout, "ssh to the guest", interval=0.3, error=GuestDown,
                    message=why)
-
-        self._start_helper()
 
     def _start_helper(self) -> None:
         """A new SSH session running a fresh helper, proven by a ping (GuestDown if it fails)."""
@@ -140,6 +146,25 @@ class SshGuest(FramedGuest, Guest):
     def _recover(self) -> None:
         self._start_helper()
 
+    def _come_back(self, deadline: float) -> None:
+        """After a reset: the old connection dropped, a new one up once sshd answers, a fresh
+        helper on it, and the clock set (a reset guest reads the time from its RTC)."""
+        self._stop_helper()
+        self._exit_master()
+        self._connect(max(deadline - time.monotonic(), 0.1))
+        self._start_helper()
+        self._send(clock_line(time.time()))
+
+    def _exit_master(self) -> None:
+        """Ask the master connection to end, and clear its socket so a new master can bind it."""
+        try:
+            subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
+                           timeout=5, stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        with contextlib.suppress(OSError):
+            self._control.unlink()
+
     def alive(self) -> bool:
         if self._dead:
             return False
@@ -150,8 +175,4 @@ class SshGuest(FramedGuest, Guest):
 
     def close(self) -> None:
         self._stop_helper()
-        try:
-            subprocess.run([*self._ctl, "-O", "exit", "root@127.0.0.1"], capture_output=True,
-                            timeout=5, stdin=subprocess.DEVNULL)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
+        self._exit_master()

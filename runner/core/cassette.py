@@ -29,7 +29,7 @@ try:  # compiled (Rust) validation of the same schema; jsonschema still describe
 except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
     jsonschema_rs = None
 
-from runner.core.errors import InvalidInput
+from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import repo_root
 
@@ -77,8 +77,22 @@ def scrub(obj: Any, secrets: list[str] | None = None) -> Any:
     return obj
 
 
+class UnrecordableEvent(InfraError):
+    """An event JSON cannot hold (NaN, Infinity, an integer too long to write) was refused.
+
+    Writing it would make the whole cassette unreadable to every strict JSON
+    reader (ours included), losing what was recorded before it. The event is
+    not written; the episode ends ``infra-error`` with this reason, and the
+    cassette keeps every line before it.
+    """
+
+
 class CassetteWriter:
-    """Appends events to ``path`` (as ``path.partial`` until :meth:`close`)."""
+    """Appends events to ``path`` (as ``path.partial`` until :meth:`close`).
+
+    Each event is written as strict JSON: a value JSON has no spelling for is
+    :class:`UnrecordableEvent`, raised before anything of it is written.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -91,7 +105,13 @@ class CassetteWriter:
     def write(self, event: dict[str, Any]) -> None:
         if self._file is None:
             raise RuntimeError("cassette already closed")
-        line = json.dumps(scrub(event, self._secrets), ensure_ascii=False, default=str)
+        try:
+            line = json.dumps(scrub(event, self._secrets), ensure_ascii=False, default=str,
+                              allow_nan=False)
+        except (ValueError, RecursionError) as exc:
+            kind = event.get("type", "?") if isinstance(event, dict) else "?"
+            raise UnrecordableEvent(f"a {kind!r} event was not recorded: it holds a value JSON "
+                                    f"cannot hold ({str(exc)[:100]})") from None
         self._file.write(line + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -129,9 +149,12 @@ class Cassette:
     code that replays a cassette may index its fields without guarding each.
     """
 
-    def __init__(self, path: Path, events: list[dict[str, Any]]) -> None:
+    def __init__(self, path: Path, events: list[dict[str, Any]],
+                 lines: list[int] | None = None) -> None:
         self.path = path
         self.events = events
+        # The file's line of each event (blank lines are skipped), to name it in messages.
+        self.lines = lines if lines is not None else list(range(1, len(events) + 1))
         self.header: dict[str, Any] = events[0] if events and events[0].get("type") == "header" else {}
         if not self.header:
             raise InvalidInput("not a rootbench cassette (no header line)", path=str(path))
@@ -158,6 +181,7 @@ class Cassette:
             raise InvalidInput(f"not UTF-8 text (byte {exc.start})", path=where,
                                line=raw.count(b"\n", 0, exc.start) + 1) from None
         events: list[dict[str, Any]] = []
+        numbers: list[int] = []
         verdict_line = 0
         for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 etc. are data
             if not line.strip():
@@ -177,7 +201,15 @@ class Cassette:
             if kind == "verdict":
                 verdict_line = lineno
             events.append(event)
-        return cls(path, events)
+            numbers.append(lineno)
+        return cls(path, events, numbers)
+
+    def line_of(self, event: dict[str, Any]) -> int | None:
+        """The file line ``event`` (one of :attr:`events`) was read from."""
+        for e, n in zip(self.events, self.lines, strict=False):
+            if e is event:
+                return n
+        return None
 
     def stream(self, kind: str) -> list[dict[str, Any]]:
         kinds = {"model": ("model", "model-error")}.get(kind, (kind,))
@@ -323,26 +355,47 @@ def _fast_validator() -> Any:
     return None if jsonschema_rs is None else jsonschema_rs.validator_for(_schema())
 
 
-def find_cassettes(paths: list[str | Path]) -> list[Path]:
+def find_cassettes(paths: list[str | Path],
+                   unreadable: list[tuple[Path, str]] | None = None) -> list[Path]:
     """Expand files and directories (recursively) into ``*.jsonl`` cassettes.
 
     Only the names are gathered: whether each is a readable cassette is for
     :meth:`Cassette.load` to say, one file at a time, so one bad file in a
     folder does not hide the good ones. A path named on the command line that
     does not exist is the user's typo, and an error at once.
+
+    A folder that cannot be listed (no permission) is never skipped in
+    silence: with ``unreadable`` given, it is added there with the reason
+    (the replay tables it and exits non-zero), else it is an InvalidInput.
     """
     found: list[Path] = []
+    problems: list[tuple[Path, str]] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            try:
-                found.extend(sorted(p.rglob("*.jsonl")))
-            except OSError as exc:
-                raise InvalidInput(f"cannot list: {exc.strerror or exc}", path=str(p)) from None
-        elif p.exists() or p.is_symlink():
-            found.append(p)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(p).st_mode)
+        except FileNotFoundError:
+            if not p.is_symlink():
+                raise InvalidInput("no such file or directory", path=str(p)) from None
+            is_dir = False  # a dangling link: Cassette.load names it
+        except OSError as exc:
+            raise InvalidInput(f"cannot read: {exc.strerror or exc}", path=str(p)) from None
+        if is_dir:
+            here: list[Path] = []
+
+            def failed(exc: OSError, top: Path = p) -> None:
+                problems.append((Path(exc.filename or top),
+                                 f"cannot list the folder: {exc.strerror or exc}"))
+
+            for folder, _dirs, files in os.walk(p, onerror=failed):
+                here += [Path(folder) / f for f in files if f.endswith(".jsonl")]
+            found.extend(sorted(here))
         else:
-            raise InvalidInput("no such file or directory", path=str(p))
-    if not found:
+            found.append(p)
+    if problems:
+        if unreadable is None:
+            raise InvalidInput(problems[0][1], path=str(problems[0][0]))
+        unreadable.extend(problems)
+    elif not found:
         raise InvalidInput("no cassettes found", path=", ".join(map(str, paths)))
     return found
 

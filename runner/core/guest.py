@@ -33,6 +33,20 @@ class HttpResult:
     duration: float = 0.0
 
 
+@dataclass(frozen=True)
+class RebootResult:
+    """A reboot the guest came back from.
+
+    ``clean`` says whether the guest shut down by itself (``systemctl reboot``)
+    or had to be reset from outside after it did not within its grace time;
+    ``seconds`` is the host's time from the request to a guest that answers
+    again, clock set and boot finished.
+    """
+
+    clean: bool
+    seconds: float
+
+
 class Guest(abc.ABC):
     """A root shell in the VM.
 
@@ -68,6 +82,15 @@ class Guest(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> bool:
         """True while the VM runs and the shell answers."""
+
+    @abc.abstractmethod
+    def reboot(self, timeout: float) -> RebootResult:
+        """Reboot the VM and return once its shell answers again, its clock set and its boot done.
+
+        Whatever the agent left running is gone; whatever it wrote to disk or
+        enabled stays, as after any reboot. A guest that does not come back
+        within ``timeout`` seconds is :class:`~runner.core.errors.GuestDown`.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the channel; the VM's own teardown belongs to the sandbox."""

@@ -143,3 +143,12 @@ def oracle(solution: list[str], speaks: str = "tools") -> ScriptedModel:
 def noop(speaks: str = "tools") -> ScriptedModel:
     """An agent that does nothing: a valid scenario must fail it."""
     return ScriptedModel(AgentKind.NOOP, [], "did nothing", speaks)
+
+
+def scripted(shortcut: str, commands: list[str], speaks: str = "tools") -> ScriptedModel:
+    """One of a scenario's shortcuts as an agent: a valid scenario must fail it.
+
+    It says it is done as a model that believed its fix would (the summary
+    names the shortcut, which the cassette keeps for the reader).
+    """
+    return ScriptedModel(AgentKind.SCRIPTED, commands, f"applied the shortcut {shortcut!r}", speaks)

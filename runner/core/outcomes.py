@@ -58,12 +58,31 @@ class Flag(_Word):
     CONTEXT_FULL = "context-full"  # the conversation outgrew the context window
 
 
+class Recheck(_Word):
+    """A re-check after the post-check (spec keys ``recheck_after``, ``reboot``): the fix must last.
+
+    An episode that failed one records which in ``Episode.failed_recheck``.
+    """
+
+    PAUSE = "pause"  # the probes again after ``recheck_after`` seconds of guest time
+    REBOOT = "reboot"  # the probes again after a clean reboot of the guest
+
+
 class AgentKind(_Word):
-    """Who acted: a real model, the scenario's reference solution, nobody, or a recording."""
+    """Who acted: a real model, the scenario's reference solution, nobody, or one of its shortcuts.
+
+    ``scripted`` replays a spec's ``shortcuts:`` entry (commands that look
+    like a fix and are not) as ``verify`` runs it; it is no ``--agent``
+    choice, since a shortcut belongs to a scenario, not to a bench.
+    """
 
     MODEL = "model"
     ORACLE = "oracle"
     NOOP = "noop"
+    SCRIPTED = "scripted"
+    PYTHON = "python"  # an agent class of the user's (--agent file.py:Name), through the bridge
+    MCP = "mcp"  # an outside agent, an MCP client of `rootbench mcp`
+    INSPECT = "inspect"  # an Inspect AI solver acting through the `rootbench` sandbox
 
     @classmethod
     def _missing_(cls, value: object) -> AgentKind | None:

@@ -8,10 +8,10 @@ from typing import Any, TypeVar
 
 from runner.core.cassette import CassetteWriter, request_record
 from runner.core.errors import ContextExhausted, GuestDown, ModelServerError
-from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.model import ChatRequest, Model, ModelReply
 
-_Result = TypeVar("_Result", CommandResult, HttpResult)
+_Result = TypeVar("_Result", CommandResult, HttpResult, RebootResult)
 
 
 class RecordingGuest(Guest):
@@ -48,6 +48,9 @@ class RecordingGuest(Guest):
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
         given = {"port": guest_port, "path": path, "timeout": timeout}
         return self._call("http", given, lambda: self.inner.host_http(guest_port, path, timeout))
+
+    def reboot(self, timeout: float) -> RebootResult:
+        return self._call("reboot", {"timeout": timeout}, lambda: self.inner.reboot(timeout))
 
     def alive(self) -> bool:
         ok = self.inner.alive()

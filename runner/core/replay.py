@@ -24,7 +24,7 @@ from runner.core.errors import (
     ModelServerError,
     ReplayMismatch,
 )
-from runner.core.guest import CommandResult, Guest, HttpResult
+from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.spec import default_specs, parse_yaml, read_text, spec_files
@@ -185,6 +185,9 @@ class ReplayGuest(Guest):
     def alive(self) -> bool:
         return bool(self._next("alive", {})["alive"])
 
+    def reboot(self, timeout: float) -> RebootResult:
+        return RebootResult(**self._next("reboot", {"timeout": timeout}))
+
     def unserved(self) -> str | None:
         """Guest exchanges the run never made, as a mismatch message (None if none)."""
         return self._stream.unserved()
@@ -198,8 +201,20 @@ def _sha256(path: Path) -> str:
 
 
 def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
-    """The spec file under ``dirs`` whose ``id`` is ``scenario_id`` (``<id>.yaml`` is tried first)."""
-    files = [f for f in spec_files([d for d in dirs if d.is_dir()]) if f.is_file()]
+    """The spec file in ``dirs`` whose ``id`` is ``scenario_id`` (``<id>.yaml`` is tried first).
+
+    Only files inside those folders are read: a spec file that is a symlink out
+    of its folder is skipped, and a folder that cannot be listed holds nothing.
+    """
+    files: list[Path] = []
+    for d in dirs:
+        try:
+            if not d.is_dir():
+                continue
+            root = d.resolve()
+            files += [f for f in spec_files([d]) if f.is_file() and f.resolve().is_relative_to(root)]
+        except (OSError, RuntimeError):
+            continue
     files.sort(key=lambda f: f.stem != scenario_id)  # stable: the rest keep their order
     for f in files:
         try:
@@ -212,30 +227,29 @@ def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
 
 
 def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) -> str | None:
-    """Why the spec ``cassette`` was recorded from no longer matches it, or None if it does.
+    """Why the spec ``cassette`` was recorded from does not prove its replay, or None if it does.
 
-    The spec is the one with the scenario's id under ``specs_dirs`` (default:
-    the checkout's ``specs/``), else the file the header names
-    (``scenario.path``) if it exists, for a scenario kept outside the suite. A cassette whose
-    header records no ``spec_hash`` was not made from a spec file, and has
-    nothing to compare.
+    The spec is looked up by the scenario's id, in ``specs_dirs`` (default: the
+    checkout's ``specs/``), then in the cassette's own folder (a scenario kept
+    outside the suite travels beside its cassette). Nothing else is read: the
+    header's ``scenario.path`` is a field of a file the user handed over, so it
+    is never opened (it could name any host file). A spec that cannot be found
+    cannot show the recording is current, so the replay cannot be "same"; the
+    reason says so. A cassette whose header records no ``spec_hash`` was not
+    made from a spec file, and has nothing to compare.
     """
     scenario = cassette.header.get("scenario") or {}
     recorded = cassette.header.get("spec_hash") or scenario.get("spec_hash")
     if not recorded:
         return None
     scenario_id = str(scenario.get("id", ""))
-    named = Path(scenario["path"]) if scenario.get("path") else None
     dirs = list(specs_dirs) if specs_dirs is not None else default_specs()
-    # The checkout being tested comes first: a recorded absolute path may name another
-    # checkout on the same machine (CI clones beside the developer's tree).
-    spec = _spec_by_id(scenario_id, dirs)
-    if spec is None and named is not None and named.is_file():
-        spec = named
+    beside = Path(cassette.path).parent
+    spec = _spec_by_id(scenario_id, [*dirs, beside])
     if spec is None:
-        where = ", ".join(str(d) for d in dirs)
-        gone = f"no {named}, and " if named is not None else ""
-        return f"the spec of {scenario_id!r} is gone ({gone}no spec with that id under {where})"
+        where = ", ".join(str(d) for d in [*dirs, beside])
+        return (f"cannot prove the replay the same: no spec with id {scenario_id!r} in {where} "
+                "to check the recording against (give its folder with --specs)")
     try:
         now = _sha256(spec)
     except InvalidInput as exc:

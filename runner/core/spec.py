@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,8 +30,10 @@ from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
+from runner.core.rules import CURRENT_RULES, Rules
 
 MAX_SPEC_BYTES = 256 * 1024
+MAX_RECHECK_AFTER = 600  # seconds: the longest pause a spec may ask (the schema says the same)
 PROBE_KINDS = tuple(KINDS)  # the spec keys that name a probe kind
 
 
@@ -132,24 +135,36 @@ class Shortcut:
 class Milestone:
     """Evidence in the transcript that the agent found the cause: scored, never needed to pass.
 
-    Exactly one of ``command_matches`` (an RE2 regex searched in each command
-    the agent ran) and ``output_contains`` (a substring of a command's output
-    as the agent saw it) is set. Milestones tell apart two failed runs: one
-    that never looked and one that found the cause but could not fix it.
+    ``command_matches`` (an RE2 regex searched in each command the agent
+    ran) and ``output_contains`` (a substring of a command's output as the
+    agent saw it): at least one is set, and when both are, both must hold on
+    the same command (it looked at the right thing, and saw it). Milestones
+    tell apart two failed runs: one that never looked and one that found the
+    cause but could not fix it.
+
+    From :attr:`Rules.V2` on, ``output_contains`` ignores the output of a
+    command whose own text holds the needle: ``echo 'Permission denied'``
+    prints it without having seen anything. Under :attr:`Rules.V1` (older
+    cassettes, which never give both fields) any output counts, as it did.
     """
 
     name: str
     command_matches: str | None = None
     output_contains: str | None = None
 
-    def reached_by(self, command: str, output: str) -> bool:
+    def reached_by(self, command: str, output: str, rules: Rules = CURRENT_RULES) -> bool:
         """Whether one agent command (and the output it got back) is this milestone's evidence."""
-        if self.command_matches is not None:
-            return compile_pattern(self.command_matches).search(command) is not None
-        return self.output_contains is not None and self.output_contains in output
+        if self.command_matches is not None and \
+                compile_pattern(self.command_matches).search(command) is None:
+            return False
+        if self.output_contains is None:
+            return self.command_matches is not None
+        if rules >= Rules.V2 and self.output_contains in command:
+            return False  # the command printed the needle itself: no evidence of looking
+        return self.output_contains in output
 
     def to_dict(self) -> dict[str, Any]:
-        """The milestone as a cassette header stores it (only the field it uses)."""
+        """The milestone as a cassette header stores it (only the fields it uses)."""
         out: dict[str, Any] = {"name": self.name}
         if self.command_matches is not None:
             out["command_matches"] = self.command_matches
@@ -169,8 +184,8 @@ class Milestone:
         if not isinstance(values[0], str) or any(v is not None and not isinstance(v, str)
                                                   for v in values[1:]):
             raise TypeError("a milestone's name and pattern must be strings")
-        if (values[1] is None) == (values[2] is None):
-            raise TypeError("a milestone needs exactly one of command_matches, output_contains")
+        if values[1] is None and values[2] is None:
+            raise TypeError("a milestone needs command_matches, output_contains or both")
         return cls(name=values[0], command_matches=values[1], output_contains=values[2])
 
 
@@ -195,6 +210,10 @@ class Scenario:
     hints: tuple[str, ...] = ()  # from vague to specific; level k gives the agent the first k
     milestones: tuple[Milestone, ...] = ()
     shortcuts: tuple[Shortcut, ...] = ()  # what looks like a fix and is not; ``verify`` runs each
+    # Does the fix last? After a passing post-check, the probes run again after this many
+    # seconds of guest time (None: no pause), then after a clean reboot (``reboot``).
+    recheck_after: float | None = None
+    reboot: bool = False
 
 
 HINTS_HEADING = "Hints:"
@@ -218,8 +237,41 @@ def task_text(scenario: Scenario, hint_level: int = 0) -> str:
 
 # --- YAML with line numbers, no aliases, no duplicate keys --------------------------------
 
+class _AliasRefused(yaml.MarkedYAMLError):
+    """An alias (``*name``, also as a merge ``<<: *name``), refused where it is written."""
+
+
+# YAML 1.2's floats: PyYAML (YAML 1.1) wants a dot, so `within: 1e9` would be the string "1e9".
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader; the node tree is walked before construction (see ``_walk``)."""
+    """SafeLoader; the node tree is walked before construction (see ``_walk``).
+
+    Two changes: a number in exponent form without a dot (``1e9``) is a float,
+    as YAML 1.2 and every reader of the spec expect, not a string; and an alias
+    is refused at the line it is written on (composed, it is the anchored node
+    itself, whose line is the anchor's).
+    """
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasRefused(None, None, "YAML anchors and aliases are not allowed in specs "
+                                            f"(an alias *{event.anchor})", event.start_mark)
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in _Loader.yaml_implicit_resolvers.items()}
+for _first in "-+.0123456789":
+    _Loader.yaml_implicit_resolvers[_first] = [
+        (tag, regexp) for tag, regexp in _Loader.yaml_implicit_resolvers.get(_first, [])
+        if tag != "tag:yaml.org,2002:float"]
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+.0123456789"))
 
 
 def _walk(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int],
@@ -266,6 +318,9 @@ def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
             data = loader.construct_document(node)
         finally:
             loader.dispose()
+    except _AliasRefused as exc:
+        raise InvalidInput(str(exc.problem), path=where,
+                           line=exc.problem_mark.line + 1 if exc.problem_mark else None) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -319,6 +374,14 @@ def _probe_kind_error(data: dict[str, Any], where: str,
     return None
 
 
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
 def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
                       schema: str = "scenario.schema.json", what: str = "scenario") -> None:
     """Raise InvalidInput for the most relevant schema error, with its line."""
@@ -340,6 +403,8 @@ def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
     message = best.message
     if len(message) > 200:
         message = message[:200] + "..."
+    if best.validator == "type" and isinstance(best.instance, str) and _looks_numeric(best.instance):
+        message += " (it is quoted, so YAML reads it as text: write the number without quotes)"
     raise InvalidInput(message, path=where, line=_line_for(lines, path),
                        field=_dotted(path) or None)
 
@@ -464,6 +529,9 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         shortcuts=tuple(Shortcut(name=c["name"], kind=ShortcutKind(c["kind"]), why=c["why"],
                                  commands=tuple(c["commands"]))
                         for c in data.get("shortcuts") or ()),
+        recheck_after=(float(data["recheck_after"]) if data.get("recheck_after") is not None
+                       else None),
+        reboot=bool(data.get("reboot", False)),
     )
 
 
@@ -584,6 +652,11 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         del out["hints"]
     if s.milestones:
         out["milestones"] = [m.to_dict() for m in s.milestones]
+    # Written only when set, like hints: a spec without them records the header it always did.
+    if out["recheck_after"] is None:
+        del out["recheck_after"]
+    if not s.reboot:
+        del out["reboot"]
     return out
 
 
@@ -597,6 +670,14 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         for key in ("tags", "setup", "solution", "forbidden", "hints"):
             fields[key] = tuple(fields.get(key) or ())
         fields["milestones"] = tuple(Milestone.from_dict(m) for m in fields.get("milestones") or ())
+        recheck = fields.get("recheck_after")
+        if recheck is not None and (isinstance(recheck, bool) or not isinstance(recheck, int | float)
+                                    or not 0 < recheck <= MAX_RECHECK_AFTER):
+            raise TypeError(f"recheck_after must be seconds in (0, {MAX_RECHECK_AFTER}], "
+                            f"not {recheck!r}")
+        fields["recheck_after"] = None if recheck is None else float(recheck)
+        if not isinstance(fields.get("reboot", False), bool):
+            raise TypeError(f"reboot must be true or false, not {fields['reboot']!r}")
         return Scenario(**fields)
     except (KeyError, TypeError) as exc:
         raise InvalidInput(f"the cassette's scenario is unreadable: {exc}",

@@ -1,9 +1,21 @@
-"""Text from the guest or the model, made safe to show: the one place control sequences are stripped.
+"""Text from the guest, the model or a file, made safe to show: the one owner of that cleaning.
 
-Guest output and model text are attacker-controlled. Everything that reaches
-a terminal, a table, JUnit XML or a report passes through :func:`clean_text`
-(or :func:`one_line`) first, so no escape sequence can repaint the user's
-terminal or hide a line.
+Guest output, model text, spec fields and cassette fields are attacker-controlled.
+Two kinds of character in them can lie to the reader:
+
+* terminal control sequences (``ESC [ ...``, C0 and C1 controls), which can
+  repaint the user's terminal or hide a line;
+* Unicode format characters (category ``Cf``): the bidirectional overrides,
+  embeddings and isolates (U+202A-202E, U+2066-2069) that make ``gnp.exe``
+  read as ``exe.png``, the marks U+200E/U+200F/U+061C, zero-width spaces,
+  the byte-order mark, and the invisible "tag" characters that can smuggle
+  text past a reader.
+
+:func:`clean_text` strips the first kind only; it is what the *model* is sent
+of the guest's output (that text is part of every recorded request, so it is
+never changed here). Everything shown to a *person* (the terminal, tables,
+JUnit XML, the HTML report, ATIF) passes :func:`printable` or
+:func:`one_line`, which strip both kinds and make the text encodable.
 """
 
 from __future__ import annotations
@@ -14,19 +26,43 @@ _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\
                       r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
+# Unicode's format characters (general category Cf, Unicode 14, Python 3.11's tables);
+# tests/test_hostile_readers.py checks this list against the running interpreter's.
+FORMAT_RANGES = (
+    (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
+    (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),
+    (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001), (0xE0020, 0xE007F),
+)
+_FORMAT = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" if a != b else re.escape(chr(a))
+                                   for a, b in FORMAT_RANGES) + "]+")
+
 
 def clean_text(text: str) -> str:
-    """``text`` without terminal control sequences (keeps newlines and tabs)."""
+    """``text`` without terminal control sequences (keeps newlines and tabs).
+
+    What the model is sent of guest output; for anything a person reads use
+    :func:`printable`, which also removes bidirectional and other format characters.
+    """
     return _CONTROL.sub("", text)
 
 
+def neutralize(text: str) -> str:
+    """``text`` without Unicode format characters (bidi overrides and isolates, zero-width
+    characters, tags): what is shown is then the characters in the order they are stored."""
+    return _FORMAT.sub("", text)
+
+
 def one_line(text: str, limit: int = 200) -> str:
-    """``text`` cleaned, on one line, at most ``limit`` characters (cut with an ellipsis)."""
-    text = _ANY_CONTROL.sub(" ", clean_text(str(text))).strip()
+    """``text`` fit to show, on one line, at most ``limit`` characters (cut with an ellipsis)."""
+    text = _ANY_CONTROL.sub(" ", neutralize(clean_text(str(text)))).strip()
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def printable(text: str) -> str:
-    """``text`` cleaned and encodable: lone surrogates (a YAML ``"\\udc80"``) become ``?``."""
-    return clean_text(text).encode("utf-8", "replace").decode("utf-8")
+    """``text`` fit to show a person: control sequences and format characters stripped, and
+    encodable (lone surrogates, as from a YAML ``"\\udc80"``, become ``?``)."""
+    return neutralize(clean_text(text)).encode("utf-8", "replace").decode("utf-8")

@@ -1,0 +1,120 @@
+"""Where a command writes: every output path checked before any work, and written like run files.
+
+``report --html --out FILE`` and ``export --out DIR`` name paths the user
+typed. A path that cannot be written (its folder is read-only or missing
+behind a file, it already exists as the wrong kind of thing) is one line
+and exit 2 *before* anything is read or rendered, never a crash after the
+work is done. The check makes no folder and leaves no file behind: it finds
+the nearest folder that exists and tries a throw-away file in it.
+
+Files written for people (report.html, trajectory.json) get the mode any
+other file the user makes gets (0666 less the umask), like cassettes, not
+the 0600 of a temporary file renamed into place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+import threading
+from pathlib import Path
+
+from runner.core.errors import InvalidInput
+
+_UMASK_LOCK = threading.Lock()
+
+# Errors that mean "this path cannot be written" (the user's to fix), not "the machine broke".
+PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
+                         errno.EEXIST, errno.ENOENT, errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+            else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or
+            stat.S_ISBLK(mode) else "not a file")
+
+
+def _probe_folder(start: Path, flag: str, target: Path) -> None:
+    """The nearest existing folder above ``start`` must take a new file (tried, then removed)."""
+    folder = start
+    while True:
+        try:
+            st = folder.stat()
+            break
+        except FileNotFoundError:
+            if folder.parent == folder:
+                break
+            folder = folder.parent
+        except OSError as exc:
+            raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(target),
+                               field=flag) from None
+    if not folder.is_dir():
+        raise InvalidInput(f"cannot be written: {folder} is {_kind(st.st_mode)}, not a directory",
+                           path=str(target), field=flag)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rootbench-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise InvalidInput(f"cannot be written: {exc.strerror or exc} ({folder})",
+                           path=str(target), field=flag) from None
+
+
+def check_file_target(path: Path, flag: str) -> Path:
+    """``path`` may be written as a file: absent, or a regular file (it is replaced)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(path),
+                           field=flag) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a file name", path=str(path),
+                           field=flag)
+    _probe_folder(path.parent if str(path.parent) else Path("."), flag, path)
+    return path
+
+
+def check_dir_target(path: Path, flag: str) -> Path:
+    """``path`` may be written as a folder of files: absent (it is made) or a directory."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(path),
+                           field=flag) from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a directory", path=str(path),
+                           field=flag)
+    _probe_folder(path, flag, path)
+    return path
+
+
+def user_mode() -> int:
+    """The mode a new file gets here: 0666 less the umask (read without changing it for long)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
+def share(path: Path) -> Path:
+    """Give ``path`` (written through a private temporary file) the mode of any new file."""
+    os.chmod(path, user_mode())
+    return path
+
+
+def write_error(exc: OSError, path: Path, flag: str | None) -> InvalidInput | None:
+    """An OSError while writing ``path`` as the one line it deserves, or None for a broken machine
+    (a full disk is not bad input: it stays an OSError and exits 1)."""
+    if exc.errno not in PATH_ERRNOS:
+        return None
+    return InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(exc.filename or path),
+                        field=flag)

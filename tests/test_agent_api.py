@@ -1,0 +1,432 @@
+"""The Python agent API: an agent class of the user's drives the bundled loop through the bridge.
+
+The first tests run the real episode loop, recorder and replayer on the flag
+guest (no VM): the bridge's edges (an agent that raises, never returns, runs
+after its budget, runs out of turns). The last ones run the two examples in
+``examples/`` through the CLI on real VMs, the OpenAI one against a real HTTP
+server on loopback, and replay their cassettes offline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flag_guest import FlagGuest
+
+from runner.app.agent_api import AgentRef, python_agent, resolve
+from runner.app.episodes import RunOptions, header
+from runner.app.replay import replay_one
+from runner.core.agent_api import EpisodeOver, Shell, ThreadAgentModel, parse_observation
+from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.clock import Clock
+from runner.core.episode import Episode, run_episode
+from runner.core.errors import InvalidInput
+from runner.core.guest import CommandResult
+from runner.core.outcomes import AgentKind, StopReason, Verdict
+from runner.core.paths import repo_root
+from runner.core.protocol import BudgetLeft, RunCommand, get_protocol
+from runner.core.spec import Scenario, load_spec
+
+ROOT = repo_root()
+SPEC = textwrap.dedent("""\
+    id: flags
+    title: Two flags must be set
+    image: debian-12-nginx
+    task: Set the flags a and b.
+    setup: [rm -f a b]
+    milestones:
+      - name: listed the flags
+        command_matches: '^ls\\b'
+    probes:
+      - name: flag a
+        command: {run: test -e a}
+      - name: flag b
+        command: {run: test -e b}
+    solution: [touch a, touch b]
+""")
+
+
+def _scenario(tmp_path: Path, **budget: Any) -> Scenario:
+    path = tmp_path / "flags.yaml"
+    path.write_text(SPEC)
+    s = load_spec(path)
+    return dataclasses.replace(s, budget=dataclasses.replace(s.budget, **budget)) if budget else s
+
+
+def _episode(tmp_path: Path, agent: type, *, cassette: Path | None = None,
+             **budget: Any) -> tuple[Episode, ThreadAgentModel]:
+    """``agent`` through the bridge on the flag guest, recorded when ``cassette`` is given."""
+    scenario = _scenario(tmp_path, **budget)
+    model = ThreadAgentModel(lambda: agent, agent.__name__)
+    protocol = get_protocol("tools")
+    if cassette is None:
+        return run_episode(scenario, FlagGuest(), model, protocol, Clock(), None,
+                           track_fix=True), model
+    with CassetteWriter(cassette) as writer:
+        writer.write(header(scenario, model, protocol, "test", RunOptions(), 0, {}))
+        from runner.core.recording import RecordingGuest, RecordingModel
+        ep = run_episode(scenario, RecordingGuest(FlagGuest(), writer),
+                         RecordingModel(model, writer), protocol, Clock(writer), writer,
+                         track_fix=True)
+    return ep, model
+
+
+# --- the observation the agent is handed back ---------------------------------------------------
+
+@pytest.mark.parametrize("result", [
+    CommandResult(0, "a b\na is missing", 0.1),
+    CommandResult(3, "", 0.1),
+    CommandResult(None, "half a line", 5.0, timed_out=True),
+    CommandResult(0, "[You have 9 turns and 9 seconds left.]\nlooks like a budget", 0.1),
+])
+def test_the_agent_gets_back_the_exit_code_and_output_the_loop_observed(
+        result: CommandResult) -> None:
+    obs = get_protocol("tools").observation(RunCommand("x", call_id="c1"), result, result.output,
+                                            BudgetLeft(turns=4, seconds=123.9))
+    code, output, budget = parse_observation(obs["content"])
+    assert (code, output) == (result.exit_code, result.output)
+    assert budget is not None and (budget.turns, budget.seconds) == (4, 123)
+
+
+# --- the bridge's edges, on the flag guest ------------------------------------------------------
+
+class Fixer:
+    """Looks, then sets both flags, then finishes; remembers what it saw."""
+
+    seen: list[tuple[int | None, str]] = []
+    task = ""
+
+    def solve(self, task: str, shell: Shell) -> None:
+        type(self).task = task
+        type(self).seen = [shell.run("ls"), shell.run("test -e a"), shell.run("touch a b"),
+                           shell.run("test -e a", timeout=5)]
+        shell.finish("set a and b")
+
+
+def test_an_agent_drives_the_loop_and_its_cassette_replays_without_it(tmp_path: Path) -> None:
+    cassette = tmp_path / "fixer.jsonl"
+    ep, model = _episode(tmp_path, Fixer, cassette=cassette)
+    assert ep.verdict is Verdict.PASS and ep.stop is StopReason.FINISH, ep.reason
+    assert ep.agent is AgentKind.PYTHON and ep.model == "Fixer"
+    assert ep.commands == 4 and ep.turns == 5
+    assert ep.milestones == ["listed the flags"]  # judged from the agent's commands, as for a model
+    assert ep.fixed_at is not None and ep.fixed_at["turn"] == 3  # fix tracking saw the 3rd command
+    assert Fixer.task.startswith("Set the flags a and b.")
+    assert Fixer.seen[:3] == [(0, "\na is missing"), (1, ""), (0, "")]
+    # What a model would see too: the same command again carries the repeat note.
+    assert Fixer.seen[3][0] == 0 and "run this exact command 2 times" in Fixer.seen[3][1]
+    assert model.thread is not None
+    model.thread.join(5)
+    assert not model.thread.is_alive()
+    cas = Cassette.load(cassette)
+    assert cas.header["agent"] == "python" and cas.header["model"]["name"] == "Fixer"
+    calls = [json.loads(e["reply"]["message"]["tool_calls"][0]["function"]["arguments"])
+             for e in cas.events if e["type"] == "model"]
+    assert calls[-1] == {"summary": "set a and b"} and calls[3] == {"command": "test -e a",
+                                                                     "timeout": 5.0}
+    out = replay_one(cassette, offline=True)  # no agent: the recorded actions drive the loop
+    assert out.same and out.episode is not None and out.episode.agent is AgentKind.PYTHON, out
+    assert out.episode.commands == 4 and out.episode.milestones == ["listed the flags"]
+
+
+class Raiser:
+    def solve(self, task: str, shell: Shell) -> None:
+        shell.run("touch a")
+        raise KeyError("no such thing")
+
+
+def test_an_agent_that_raises_fails_with_its_reason_not_infra_error(tmp_path: Path) -> None:
+    cassette = tmp_path / "raiser.jsonl"
+    ep, _ = _episode(tmp_path, Raiser, cassette=cassette)
+    # Its own failure: the episode ends as a finish and the machine is judged as it stands.
+    assert ep.verdict is Verdict.FAIL and ep.stop is StopReason.FINISH and ep.commands == 1
+    last = [e for e in Cassette.load(cassette).events if e["type"] == "model"][-1]
+    summary = json.loads(last["reply"]["message"]["tool_calls"][0]["function"]["arguments"])
+    assert summary["summary"] == "the agent raised KeyError: 'no such thing'"
+    assert replay_one(cassette, offline=True).same
+
+
+class NotMadeWithoutArguments:
+    def __init__(self, needed: str) -> None:
+        self.needed = needed
+
+    def solve(self, task: str, shell: Shell) -> None:
+        raise AssertionError("never reached")
+
+
+def test_an_agent_whose_constructor_fails_is_judged_without_commands(tmp_path: Path) -> None:
+    ep, _ = _episode(tmp_path, NotMadeWithoutArguments)
+    assert ep.verdict is Verdict.FAIL and ep.stop is StopReason.FINISH and ep.commands == 0
+
+
+class Sleeper:
+    """Runs one command, then thinks for far longer than the budget, then tries again."""
+
+    after: list[str] = []
+
+    def solve(self, task: str, shell: Shell) -> None:
+        type(self).after = []
+        shell.run("touch a")
+        time.sleep(4)
+        try:
+            shell.run("touch b")
+        except EpisodeOver as exc:
+            type(self).after.append(str(exc))
+            raise
+
+
+def test_an_agent_that_outthinks_the_budget_is_ended_by_it_and_told_so(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    cassette = tmp_path / "sleeper.jsonl"
+    ep, model = _episode(tmp_path, Sleeper, cassette=cassette, seconds=2)
+    assert time.monotonic() - t0 < 3.5  # ended by the budget, not by the agent waking up
+    assert ep.stop is StopReason.SECONDS and ep.verdict is Verdict.FAIL and ep.commands == 1
+    assert model.thread is not None
+    model.thread.join(10)
+    assert Sleeper.after == ["the episode is over: the time budget is spent"]
+    assert replay_one(cassette, offline=True).same
+
+
+class Forever:
+    def solve(self, task: str, shell: Shell) -> None:
+        shell.run("touch a")
+        threading.Event().wait()  # never returns: the daemon thread is abandoned
+
+
+def test_an_agent_that_never_returns_is_abandoned_at_the_time_budget(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    ep, model = _episode(tmp_path, Forever, seconds=2)
+    assert time.monotonic() - t0 < 3.5
+    assert ep.stop is StopReason.SECONDS and ep.commands == 1
+    assert model.thread is not None and model.thread.daemon and model.thread.is_alive()
+
+
+class Looper:
+    errors: list[str] = []
+
+    def solve(self, task: str, shell: Shell) -> None:
+        type(self).errors = []
+        try:
+            while True:
+                shell.run("ls")
+        except EpisodeOver as exc:
+            type(self).errors.append(str(exc))
+
+
+def test_the_turn_budget_ends_an_agent_that_never_finishes(tmp_path: Path) -> None:
+    ep, model = _episode(tmp_path, Looper, turns=3)
+    assert ep.stop is StopReason.TURNS and ep.commands == 3 and ep.turns == 3
+    assert model.thread is not None
+    model.thread.join(5)
+    assert not model.thread.is_alive()
+    assert Looper.errors and "turn budget is spent" in Looper.errors[0]
+
+
+class Returner:
+    def solve(self, task: str, shell: Shell) -> str:
+        shell.run("touch a b")
+        return "set both"
+
+
+def test_returning_is_finishing(tmp_path: Path) -> None:
+    ep, _ = _episode(tmp_path, Returner)
+    assert ep.verdict is Verdict.PASS and ep.stop is StopReason.FINISH and ep.turns == 2
+
+
+class Twice:
+    errors: list[str] = []
+
+    def solve(self, task: str, shell: Shell) -> None:
+        shell.finish("done")
+        try:
+            shell.run("touch a b")
+        except EpisodeOver as exc:
+            type(self).errors = [str(exc)]
+
+
+def test_run_after_finish_is_refused_at_once(tmp_path: Path) -> None:
+    ep, model = _episode(tmp_path, Twice)
+    assert model.thread is not None
+    model.thread.join(5)
+    assert ep.commands == 0 and ep.verdict is Verdict.FAIL
+    assert Twice.errors == ["the episode is over: the agent finished"]
+
+
+# --- finding the agent --------------------------------------------------------------------------
+
+def test_a_file_agent_is_found_fingerprinted_and_pickles(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    ref = resolve("examples/scripted_agent.py:ScriptedAgent")
+    model = python_agent(ref)
+    fp = model.fingerprint()
+    assert fp["kind"] == "python" and fp["name"] == "scripted-example"
+    assert fp["source"] == "examples/scripted_agent.py" and fp["class"] == "ScriptedAgent"
+    import hashlib
+    assert fp["sha256"] == hashlib.sha256(
+        (ROOT / "examples/scripted_agent.py").read_bytes()).hexdigest()
+    twin = pickle.loads(pickle.dumps(model))  # an episode job crosses processes
+    assert twin.fingerprint() == fp and twin.thread is None
+
+
+def test_an_installed_agent_is_found_by_its_entry_point(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "myagents-1.0.dist-info").mkdir(parents=True)
+    (site / "myagents-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: myagents\nVersion: 1.0\n")
+    (site / "myagents-1.0.dist-info" / "entry_points.txt").write_text(
+        "[rootbench.agents]\nlazy = myagents_mod:Lazy\n")
+    (site / "myagents_mod.py").write_text(
+        "class Lazy:\n    def solve(self, task, shell):\n        shell.finish('nothing')\n")
+    monkeypatch.syspath_prepend(str(site))
+    ref = resolve("lazy")
+    assert ref == AgentRef("Lazy", module="myagents_mod", shown="myagents_mod",
+                           sha256=ref.sha256, entry_point="lazy")
+    assert ref.sha256 and python_agent(ref).fingerprint()["entry_point"] == "lazy"
+    with pytest.raises(InvalidInput, match="unknown agent 'busy'.*installed agent \\(lazy\\)"):
+        resolve("busy")
+
+
+@pytest.mark.parametrize(("agent", "says"), [
+    ("examples/nope.py:X", "examples/nope.py: --agent: no such file"),
+    ("examples/scripted_agent.py:Nope", "no 'Nope' in it"),
+    ("examples/scripted_agent.py:Shell", "'Shell' is not an agent"),
+    ("{broken}:Agent", "{broken}: --agent: importing it raised SyntaxError"),
+    ("{exits}:Agent", "importing it raised SystemExit: 3"),
+    ("no_such_module_here:Agent", "cannot import: No module named 'no_such_module_here'"),
+    ("file.py:not-a-name", "is not FILE.py:Class"),
+    ("nobody", "unknown agent 'nobody'"),
+])
+def test_a_bad_agent_is_one_line_and_exit_2(tmp_path: Path, agent: str, says: str) -> None:
+    (tmp_path / "broken.py").write_text("def (:\n")
+    (tmp_path / "exits.py").write_text("raise SystemExit(3)\n")
+    agent = agent.format(broken=tmp_path / "broken.py", exits=tmp_path / "exits.py")
+    says = says.format(broken=tmp_path / "broken.py")
+    r = subprocess.run([sys.executable, "-m", "runner", "run", "specs/dir-missing-exec.yaml",
+                        "--agent", agent], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert says in r.stderr
+
+
+def test_a_python_agent_speaks_tools_only() -> None:
+    r = subprocess.run([sys.executable, "-m", "runner", "run", "specs/dir-missing-exec.yaml",
+                        "--agent", "examples/scripted_agent.py:ScriptedAgent", "--protocol",
+                        "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--protocol: a Python agent" in r.stderr, r.stderr
+
+
+# --- the examples, on real VMs ------------------------------------------------------------------
+
+def _cli_run(tmp_path: Path, spec: str, agent: str, env: dict[str, str] | None = None,
+             ) -> tuple[dict[str, Any], Path]:
+    """``rootbench run`` in a subprocess; its one result and its cassette."""
+    r = subprocess.run([sys.executable, "-m", "runner", "-q", "run", f"specs/{spec}.yaml",
+                        "--agent", agent, "--runs-dir", str(tmp_path / "runs"), "--format",
+                        "json"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **(env or {})})
+    assert r.returncode in (0, 1), r.stderr
+    [results] = list((tmp_path / "runs").glob("*/results.json"))
+    [episode] = json.loads(results.read_text())["episodes"]
+    return episode, Path(episode["cassette"])
+
+
+@pytest.mark.vm
+def test_the_scripted_example_passes_its_scenario_on_a_real_vm_and_replays(
+        tmp_path: Path, image: Any, no_new_qemu: None) -> None:
+    ep, cassette = _cli_run(tmp_path, "dir-missing-exec",
+                            "examples/scripted_agent.py:ScriptedAgent")
+    assert ep["verdict"] == "pass" and ep["stop"] == "finish", ep["reason"]
+    assert ep["agent"] == "python" and ep["model"] == "scripted-example" and ep["commands"] == 3
+    assert ep["milestones"] == ["looked at the docs permissions"] and ep["fixed_at"]["turn"] == 2
+    head = Cassette.load(cassette).header
+    assert head["model"]["source"] == "examples/scripted_agent.py"
+    assert len(head["model"]["sha256"]) == 64
+    out = replay_one(cassette, offline=True)
+    assert out.same and out.episode is not None and out.episode.commands == 3, out
+
+
+@pytest.mark.vm
+def test_the_scripted_example_fails_another_scenario_on_a_real_vm(
+        tmp_path: Path, image: Any, no_new_qemu: None) -> None:
+    ep, cassette = _cli_run(tmp_path, "permission-403", "examples/scripted_agent.py:ScriptedAgent")
+    # Its first command finds no /srv/docs there: it stops, and the machine is still broken.
+    assert ep["verdict"] == "fail" and ep["stop"] == "finish" and ep["commands"] == 1, ep
+    assert replay_one(cassette, offline=True).same
+
+
+class _ChatServer:
+    """A real OpenAI-compatible server on loopback answering with a fixed script of tool calls."""
+
+    def __init__(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        self.calls = list(calls)
+        self.requests: list[dict[str, Any]] = []
+
+
+def _chat_handler(state: _ChatServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            state.requests.append(body)
+            name, args = state.calls.pop(0) if state.calls else ("finish", {"summary": "?"})
+            call = {"id": f"c{len(state.requests)}", "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)}}
+            data = json.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None, "tool_calls": [call]}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
+
+
+@contextmanager
+def chat_server(calls: list[tuple[str, dict[str, Any]]]) -> Iterator[tuple[str, _ChatServer]]:
+    state = _ChatServer(calls)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _chat_handler(state))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.vm
+def test_the_openai_example_against_a_loopback_server_on_a_real_vm_replays_offline(
+        tmp_path: Path, image: Any, no_new_qemu: None) -> None:
+    script = [("run_command", {"command": "ls -ld /srv/docs"}),
+              ("run_command", {"command": "chmod 755 /srv/docs"}),
+              ("finish", {"summary": "gave /srv/docs its x bits back"})]
+    with chat_server(script) as (url, server):
+        ep, cassette = _cli_run(tmp_path, "dir-missing-exec", "examples/openai_agent.py:OpenAIAgent",
+                                env={"OPENAI_BASE_URL": url, "OPENAI_MODEL": "scripted"})
+    assert ep["verdict"] == "pass" and ep["commands"] == 2 and ep["model"] == "openai-example", ep
+    assert len(server.requests) == 3 and server.requests[0]["model"] == "scripted"
+    # The agent's model saw the task, and each command's real output from the VM.
+    assert "403 Forbidden" in server.requests[0]["messages"][1]["content"]
+    assert server.requests[1]["messages"][-1]["content"].startswith("exit code 0\ndrw-r--r--")
+    out = replay_one(cassette, offline=True)  # no agent, no server: the cassette alone
+    assert out.same and out.episode is not None and out.episode.commands == 2, out

@@ -1,0 +1,184 @@
+"""``rootbench mcp``: the official MCP SDK's own client drives a real VM through the server.
+
+Over stdio (the client launches the server) with the oracle's commands: a
+pass; over streamable HTTP with nothing but ``finish``: a fail; and a stdio
+client that goes away in the middle of a command: the machine is still
+judged (by the server's detached child), and its VM is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from runner.app.replay import replay_one
+from runner.core.cassette import Cassette
+from runner.core.paths import repo_root
+from runner.core.spec import load_spec
+
+ROOT = repo_root()
+SPEC = "specs/dir-missing-exec.yaml"
+
+
+def _params(runs: Path, *extra: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "runner", "mcp", SPEC, "--runs-dir", str(runs), *extra],
+                                 cwd=str(ROOT))
+
+
+def _results(runs: Path, within: float = 240.0) -> dict[str, Any]:
+    """The one episode of the run directory, once results.json is there."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = list(runs.glob("*/results.json"))
+        if found:
+            [episode] = json.loads(found[0].read_text())["episodes"]
+            return episode
+        time.sleep(0.5)
+    raise AssertionError(f"no results.json under {runs} after {within}s")
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def test_a_bad_spec_or_address_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, says in ((["specs/nope.yaml"], "nope.yaml"),
+                       ([SPEC, "--http", "localhost:http"], "--http: not [HOST:]PORT")):
+        r = subprocess.run([sys.executable, "-m", "runner", "mcp", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.vm
+def test_the_oracle_through_the_sdk_client_over_stdio_passes_and_replays(
+        tmp_path: Path, image: Any) -> None:
+    runs = tmp_path / "runs"
+    solution = list(load_spec(ROOT / SPEC).solution)
+
+    async def client() -> tuple[str, list[str], list[str], str, str]:
+        async with Client(_params(runs), read_timeout_seconds=300) as c:
+            tools = sorted(t.name for t in (await c.list_tools()).tools)
+            prompt = await c.get_prompt("task")
+            outputs = [_text(await c.call_tool("run_command", {"command": cmd}))
+                       for cmd in solution]
+            verdict = _text(await c.call_tool("finish", {"summary": "chmod 755 /srv/docs"}))
+            late = await c.call_tool("run_command", {"command": "true"})
+            assert late.is_error
+            return (c.instructions or "", tools, outputs, verdict,
+                    json.dumps(prompt.model_dump(mode="json")) + _text(late))
+
+    instructions, tools, outputs, verdict, rest = anyio.run(client)
+    assert tools == ["finish", "run_command"]
+    assert instructions.startswith("Our team documentation site on port 8080")
+    assert "403 Forbidden" in rest and "the episode is over: the agent finished" in rest
+    assert outputs == ["exit code 0"] * len(solution)
+    assert json.loads(verdict)["verdict"] == "pass"
+    ep = _results(runs)
+    assert ep["verdict"] == "pass" and ep["agent"] == "mcp" and ep["commands"] == len(solution)
+    cassette = Path(ep["cassette"])
+    assert Cassette.load(cassette).header["model"] == {"kind": "mcp", "name": "mcp-client",
+                                                       "transport": "stdio"}
+    out = replay_one(cassette, offline=True)  # no client, no VM: the cassette alone
+    assert out.same and out.episode is not None and out.episode.commands == len(solution), out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.vm
+def test_nothing_then_finish_over_streamable_http_fails(tmp_path: Path, image: Any) -> None:
+    runs, port = tmp_path / "runs", _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "runner", "mcp", SPEC, "--http",
+                               f"127.0.0.1:{port}", "--runs-dir", str(runs)], cwd=ROOT,
+                              stdin=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # wait for the server to listen
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "never listened"
+                time.sleep(0.3)
+
+        async def client() -> str:
+            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=300) as c:
+                return _text(await c.call_tool("finish", {"summary": "did nothing"}))
+
+        verdict = json.loads(anyio.run(client))
+        assert verdict["verdict"] == "fail" and verdict["score"] < 1, verdict
+        assert server.wait(timeout=120) == 0  # judged: the HTTP server stops by itself
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=60)
+    ep = _results(runs, within=5)
+    assert ep["verdict"] == "fail" and ep["commands"] == 0 and ep["stop"] == "finish"
+    assert replay_one(Path(ep["cassette"]), offline=True).same
+
+
+def _qemu_of(parent: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(parent), "-f", "qemu-system"], capture_output=True,
+                         text=True, timeout=10)
+    return {int(p) for p in out.stdout.split()}
+
+
+def _episode_holder(runs: Path) -> int | None:
+    """The detached child that holds the episode (its command line names our runs dir)."""
+    out = subprocess.run(["pgrep", "-f", f"runner mcp {SPEC} --runs-dir {runs}"],
+                         capture_output=True, text=True, timeout=10)
+    for pid in map(int, out.stdout.split()):
+        env = Path(f"/proc/{pid}/environ")
+        try:
+            if b"ROOTBENCH_MCP_DETACHED=1" in env.read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.vm
+def test_a_client_that_disconnects_mid_command_is_judged_and_leaves_no_vm(
+        tmp_path: Path, image: Any) -> None:
+    runs = tmp_path / "runs"
+    seen: dict[str, Any] = {}
+
+    async def client() -> None:
+        async with Client(_params(runs), read_timeout_seconds=300) as c:
+            await c.call_tool("run_command", {"command": "chmod 711 /srv/docs"})
+            seen["holder"] = holder = _episode_holder(runs)
+            seen["qemu"] = _qemu_of(holder) if holder else set()
+            with anyio.move_on_after(3):  # gone while `sleep 8` runs in the guest
+                await c.call_tool("run_command", {"command": "sleep 8; echo late"})
+        # leaving the block closes the server's stdin, then kills its process group
+
+    t0 = time.monotonic()
+    anyio.run(client)
+    assert seen["holder"] and seen["qemu"], seen
+    ep = _results(runs)
+    # Honest: judged on the machine as the client left it (711: traversable, so the site is
+    # fixed even though the client never said so), not counted as an infrastructure failure.
+    assert ep["verdict"] == "pass" and ep["stop"] == "finish" and ep["commands"] == 2, ep
+    events = Cassette.load(Path(ep["cassette"])).events
+    last = [e for e in events if e["type"] == "model"][-1]["reply"]["message"]
+    assert "the client disconnected" in last["tool_calls"][0]["function"]["arguments"]
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{p}").exists() for p in seen["qemu"] | {seen["holder"]}):
+        assert time.monotonic() < deadline, "the episode's process or its VM is still there"
+        time.sleep(0.5)
+    assert time.monotonic() - t0 < 300
