@@ -810,6 +810,9 @@ class LocalHelperGuest(Guest):
     def alive(self) -> bool:
         return True
 
+    def reboot(self, timeout: float) -> RebootResult:
+        raise AssertionError("a probe never reboots the guest")
+
 
 def test_the_real_helper_answers_port_file_and_http_questions(tmp_path: Path) -> None:
     import http.server
