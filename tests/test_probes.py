@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from runner.core.cassette import FORMAT_VERSION, Cassette
-from runner.core.errors import ReplayMismatch
+from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.outcomes import ProbeOutcome
 from runner.core.paths import repo_root
@@ -36,9 +37,11 @@ from runner.core.probes import (
     run_probes,
 )
 from runner.core.replay import ReplayClock, ReplayGuest
+from runner.core.rules import Rules, rules_of
 from runner.core.spec import Probe, scenario_from_dict
 
 PASS, FAIL, ERROR = ProbeOutcome.PASS, ProbeOutcome.FAIL, ProbeOutcome.ERROR
+V1, V2 = Rules.V1, Rules.V2
 ORACLE = repo_root() / "recordings" / "oracle"
 
 
@@ -60,10 +63,18 @@ class CannedGuest(Guest):
     """
 
     def __init__(self, clean: dict[str, CommandResult | list[CommandResult]] | None = None,
-                 http: dict[tuple[int, str], HttpResult] | None = None) -> None:
+                 http: dict[tuple[int, str], HttpResult] | None = None,
+                 inspect: dict[str, CommandResult] | None = None) -> None:
         self.clean = {k: list(v) if isinstance(v, list) else [v] for k, v in (clean or {}).items()}
         self.http = dict(http or {})
+        self.inspected = dict(inspect or {})
         self.sent: list[str] = []
+
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        assert timeout == PROBE_TIMEOUT
+        assert question in self.inspected, f"unexpected question: {question!r}"
+        self.sent.append(question)
+        return self.inspected[question]
 
     def run_clean(self, command: str, timeout: float) -> CommandResult:
         assert timeout == PROBE_TIMEOUT
@@ -105,7 +116,7 @@ def clean_event(command: str, result: CommandResult, op: str = "clean") -> dict[
 def test_command_sends_the_run_string_verbatim() -> None:
     run = "for f in /etc/cron.d/*; do grep -q 'x' \"$f\" && exit 1; done; true"
     guest = CannedGuest({run: ok()})
-    assert CommandProbe(run).check(guest) == (PASS, "exit 0")
+    assert CommandProbe(run).check(guest, V1) == (PASS, "exit 0")
     assert guest.sent == [run]
 
 
@@ -129,11 +140,11 @@ def test_command_sends_the_run_string_verbatim() -> None:
 ])
 def test_command(probe: CommandProbe, answer: CommandResult,
                  expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({probe.run: answer})) == expected
+    assert probe.check(CannedGuest({probe.run: answer}), V1) == expected
 
 
 def test_command_detail_keeps_only_the_output_tail() -> None:
-    outcome, detail = CommandProbe("x").check(CannedGuest({"x": ok("a" * 500 + "END", 2)}))
+    outcome, detail = CommandProbe("x").check(CannedGuest({"x": ok("a" * 500 + "END", 2)}), V1)
     assert outcome is FAIL and detail == "exit 2, wanted 0: " + "a" * 117 + "END"
 
 
@@ -152,7 +163,7 @@ def curl_said(body: str, curl_rc: int, code: str) -> CommandResult:
 
 def test_http_from_guest_sends_the_recorded_curl_command() -> None:
     guest = CannedGuest({CURL_LOCALHOST: curl_said("hi", 0, "200")})
-    assert HttpProbe("http://localhost/").check(guest) == (PASS, "status 200")
+    assert HttpProbe("http://localhost/").check(guest, V1) == (PASS, "status 200")
     assert guest.sent == [CURL_LOCALHOST]
 
 
@@ -161,7 +172,7 @@ def test_http_url_is_shell_quoted() -> None:
     probe = HttpProbe(url)
     quoted = "'http://localhost/a?b=1&c=$(reboot)'"
     guest = CannedGuest({CURL_LOCALHOST.replace("http://localhost/", quoted): curl_said("", 0, "200")})
-    assert probe.check(guest) == (PASS, "status 200")
+    assert probe.check(guest, V1) == (PASS, "status 200")
 
 
 @pytest.mark.parametrize(("probe", "answer", "expected"), [
@@ -180,14 +191,14 @@ def test_http_url_is_shell_quoted() -> None:
 ])
 def test_http_from_guest(probe: HttpProbe, answer: CommandResult,
                          expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({CURL_LOCALHOST: answer})) == expected
+    assert probe.check(CannedGuest({CURL_LOCALHOST: answer}), V1) == expected
 
 
 def test_http_body_marker_is_the_last_one() -> None:
     """A page that itself prints the marker cannot forge curl's result line."""
     body = "fake\n__RB_HTTP__ 0 200\nrest"
     probe = HttpProbe("http://localhost/", body_contains="rest")
-    assert probe.check(CannedGuest({CURL_LOCALHOST: curl_said(body, 0, "500")})) == \
+    assert probe.check(CannedGuest({CURL_LOCALHOST: curl_said(body, 0, "500")}), V1) == \
         (FAIL, "status 500, wanted 200")
 
 
@@ -199,7 +210,7 @@ def test_http_body_marker_is_the_last_one() -> None:
 def test_http_from_host_asks_the_forwarded_port(url: str, port: int, path: str) -> None:
     guest = CannedGuest(http={(port, path): HttpResult(200, "Welcome to nginx!")})
     probe = HttpProbe(url, body_contains="Welcome", from_="host")
-    assert probe.check(guest) == (PASS, "status 200")
+    assert probe.check(guest, V1) == (PASS, "status 200")
     assert guest.sent == [f"host GET :{port}{path}"]
 
 
@@ -211,7 +222,7 @@ def test_http_from_host_asks_the_forwarded_port(url: str, port: int, path: str) 
 ])
 def test_http_from_host_failures(answer: HttpResult, expected: tuple[ProbeOutcome, str]) -> None:
     probe = HttpProbe("http://localhost/", body_contains="Welcome", from_="host")
-    assert probe.check(CannedGuest(http={(80, "/"): answer})) == expected
+    assert probe.check(CannedGuest(http={(80, "/"): answer}), V1) == expected
 
 
 # --- service -------------------------------------------------------------------------------
@@ -239,12 +250,12 @@ SYSTEMCTL_NGINX = ("command -v systemctl >/dev/null || exit 127; "
 ])
 def test_service(probe: ServiceProbe, answer: CommandResult,
                  expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({SYSTEMCTL_NGINX: answer})) == expected
+    assert probe.check(CannedGuest({SYSTEMCTL_NGINX: answer}), V1) == expected
 
 
 def test_service_name_is_shell_quoted() -> None:
     command = SYSTEMCTL_NGINX.replace("-- nginx", "-- 'a b'")
-    assert ServiceProbe("a b", active=True).check(CannedGuest({command: ok("active\n")})) == \
+    assert ServiceProbe("a b", active=True).check(CannedGuest({command: ok("active\n")}), V1) == \
         (PASS, "a b: active, ?")
 
 
@@ -272,13 +283,13 @@ PYTHON_ON_80 = 'LISTEN 0 5 0.0.0.0:80 0.0.0.0:* users:(("python3",pid=640,fd=3))
     (PortProbe(80), TIMED_OUT, (ERROR, "probe timed out after 20s")),
 ])
 def test_port(probe: PortProbe, answer: CommandResult, expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({SS_80: answer})) == expected
+    assert probe.check(CannedGuest({SS_80: answer}), V1) == expected
 
 
 def test_port_udp_asks_ss_for_udp() -> None:
     command = "command -v ss >/dev/null || exit 127; ss -H -lnup 'sport = :53'"
     line = 'UNCONN 0 0 127.0.0.53%lo:53 0.0.0.0:* users:(("systemd-resolve",pid=400,fd=13))\n'
-    assert PortProbe(53, protocol="udp").check(CannedGuest({command: ok(line)})) == \
+    assert PortProbe(53, protocol="udp").check(CannedGuest({command: ok(line)}), V1) == \
         (PASS, "port 53: listening (systemd-resolve)")
 
 
@@ -323,7 +334,7 @@ def with_content(text: str) -> CommandResult:
     (FileProbe("/srv/x"), TIMED_OUT, (ERROR, "probe timed out after 20s")),
 ])
 def test_file(probe: FileProbe, answer: CommandResult, expected: tuple[ProbeOutcome, str]) -> None:
-    assert probe.check(CannedGuest({STAT_X: answer})) == expected
+    assert probe.check(CannedGuest({STAT_X: answer}), V1) == expected
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -337,12 +348,12 @@ def test_file(probe: FileProbe, answer: CommandResult, expected: tuple[ProbeOutc
 def test_file_contains_reads_the_content(answer: CommandResult,
                                          expected: tuple[ProbeOutcome, str]) -> None:
     probe = FileProbe("/srv/x", contains="alice,120")
-    assert probe.check(CannedGuest({STAT_AND_READ_X: answer})) == expected
+    assert probe.check(CannedGuest({STAT_AND_READ_X: answer}), V1) == expected
 
 
 def test_file_path_is_shell_quoted() -> None:
     command = STAT_X.replace("/srv/x", "'/srv/my file'")
-    assert FileProbe("/srv/my file", exists=False).check(CannedGuest({command: MISSING})) == \
+    assert FileProbe("/srv/my file", exists=False).check(CannedGuest({command: MISSING}), V1) == \
         (PASS, "/srv/my file does not exist")
 
 
@@ -371,6 +382,9 @@ def test_every_schema_kind_has_a_class_with_the_schema_keys() -> None:
     (PortProbe(80), "port 80/tcp"),
     (PortProbe(53, protocol="udp", process="dnsmasq"), "port 53/udp by dnsmasq"),
     (FileProbe("/etc/x", mode="600"), "file /etc/x"),
+    (PortProbe(80, process="nginx", unit="nginx", exe="/usr/sbin/nginx"),
+     "port 80/tcp by nginx in nginx.service from /usr/sbin/nginx"),
+    (PortProbe(22, unit="ssh.service"), "port 22/tcp in ssh.service"),
 ])
 def test_describe(probe: ProbeKind, name: str) -> None:
     assert probe.describe() == name
@@ -385,6 +399,49 @@ def test_params_come_back_as_written() -> None:
     http = {"from": "host", "url": "http://localhost/", "status": 200}
     assert HttpProbe.from_params(http).from_ == "host"
     assert list(HttpProbe.from_params(http).to_params().items()) == list(http.items())
+
+
+def test_unit_and_exe_params_round_trip_and_old_shapes_stay_as_they_were() -> None:
+    """A header written before ``unit``/``exe`` existed reads back key for key; new keys keep their order."""
+    old = {"port": 80, "listening": True, "process": "nginx"}
+    assert PortProbe.from_params(old).to_params() == old
+    assert "unit" not in PortProbe(80).to_params() and "exe" not in PortProbe(80).to_params()
+    new = {"exe": "/usr/sbin/nginx", "port": 80, "unit": "nginx"}
+    probe = PortProbe.from_params(new)
+    assert (probe.unit, probe.exe) == ("nginx", "/usr/sbin/nginx")
+    assert list(probe.to_params().items()) == list(new.items())
+
+
+SPEC = """id: t
+title: t
+difficulty: easy
+image: debian-12-nginx
+task: The site is down.
+setup: ["true"]
+solution: ["true"]
+probes:
+  - port: {PORT}
+"""
+
+
+def test_a_spec_takes_unit_and_exe() -> None:
+    from runner.core.spec import scenario_from_text
+    text = SPEC.replace("{PORT}", "{port: 80, process: nginx, unit: nginx.service, exe: /usr/sbin/nginx}")
+    [probe] = scenario_from_text(text, "t.yaml").probes
+    assert probe.condition == PortProbe(80, process="nginx", unit="nginx.service", exe="/usr/sbin/nginx")
+    assert probe.name == "port 80/tcp by nginx in nginx.service from /usr/sbin/nginx"
+
+
+@pytest.mark.parametrize(("port", "field"), [
+    ("{port: 80, exe: nginx}", "exe"),  # not an absolute path
+    ("{port: 80, unit: 'nginx service'}", "unit"),
+    ("{port: 80, unit: [nginx]}", "unit"),
+])
+def test_a_bad_unit_or_exe_is_one_clear_error(port: str, field: str) -> None:
+    from runner.core.spec import scenario_from_text
+    with pytest.raises(InvalidInput) as info:
+        scenario_from_text(SPEC.replace("{PORT}", port), "t.yaml")
+    assert info.value.path == "t.yaml" and field in str(info.value), str(info.value)
 
 
 def test_params_of_a_probe_built_in_code() -> None:
@@ -428,7 +485,7 @@ def probe(condition: ProbeKind, within: float | None = None, name: str | None = 
 def test_run_probes_names_kinds_and_one_line_details() -> None:
     guest = CannedGuest({"nginx -t": ok("line one\n\x1b[31mline two\x1b[0m\n", 1), SS_80: ok("")})
     results = run_probes(guest, [probe(CommandProbe("nginx -t"), name="config ok"),
-                                 probe(PortProbe(80))], StepClock(), wait=False)
+                                 probe(PortProbe(80))], StepClock(), rules=V1, wait=False)
     assert [r.to_dict() for r in results] == [
         {"name": "config ok", "kind": "command", "outcome": "fail",
          "detail": "exit 1, wanted 0: line one [31mline two [0m", "attempts": 1},
@@ -440,7 +497,7 @@ def test_run_probes_names_kinds_and_one_line_details() -> None:
 def test_run_probes_retries_within_until_it_passes() -> None:
     guest = CannedGuest({SYSTEMCTL_NGINX: [ok("activating\n"), ok("activating\n"), ok("active\n")]})
     clock = StepClock()
-    [result] = run_probes(guest, [probe(ServiceProbe("nginx", active=True), within=5)], clock)
+    [result] = run_probes(guest, [probe(ServiceProbe("nginx", active=True), within=5)], clock, rules=V1)
     assert (result.outcome, result.detail, result.attempts) == (PASS, "nginx: active, ?", 3)
     assert clock.sleeps == 2
 
@@ -448,7 +505,7 @@ def test_run_probes_retries_within_until_it_passes() -> None:
 def test_run_probes_gives_up_when_within_runs_out() -> None:
     guest = CannedGuest({SS_80: ok("")})
     clock = StepClock()
-    [result] = run_probes(guest, [probe(PortProbe(80), within=2)], clock)
+    [result] = run_probes(guest, [probe(PortProbe(80), within=2)], clock, rules=V1)
     assert result.outcome is FAIL and result.attempts == 5 and clock.t == 2.0
 
 
@@ -456,14 +513,39 @@ def test_run_probes_does_not_wait_once_a_plain_probe_failed() -> None:
     guest = CannedGuest({SS_80: ok(""), "nginx -t": ok("", 1)})
     clock = StepClock()
     results = run_probes(guest, [probe(PortProbe(80), within=5), probe(CommandProbe("nginx -t"))],
-                         clock)
+                         clock, rules=V1)
     assert [r.attempts for r in results] == [1, 1] and clock.sleeps == 0
 
 
 def test_an_error_is_retried_too_but_never_becomes_a_fail() -> None:
     guest = CannedGuest({SS_80: NOT_FOUND})
-    [result] = run_probes(guest, [probe(PortProbe(80), within=1)], StepClock())
+    [result] = run_probes(guest, [probe(PortProbe(80), within=1)], StepClock(), rules=V1)
     assert result.outcome is ERROR and result.attempts == 3
+
+
+def test_rules_2_judge_a_plain_probe_after_the_within_probes_settled() -> None:
+    """The log a service writes once started is looked for after the service had its time."""
+    guest = CannedGuest({"answers": [ok("", 7), ok("", 7), ok("")],
+                         "test -s /var/log/x.log": [ok("", 1), ok("")]})
+    clock = StepClock()
+    waits, plain = probe(CommandProbe("answers"), within=5), probe(CommandProbe("test -s /var/log/x.log"))
+    results = run_probes(guest, [waits, plain], clock, rules=V2)
+    assert [(r.outcome, r.attempts) for r in results] == [(PASS, 3), (PASS, 2)]
+    # Rules 1 stopped at the first failed plain probe, as their cassettes recorded.
+    guest = CannedGuest({"answers": [ok("", 7), ok("")], "test -s /var/log/x.log": [ok("", 1), ok("")]})
+    results = run_probes(guest, [waits, plain], StepClock(), rules=V1)
+    assert [(r.outcome, r.attempts) for r in results] == [(FAIL, 1), (FAIL, 1)]
+
+
+def test_rules_2_still_wait_no_longer_than_within_and_recheck_nothing_without_a_wait() -> None:
+    guest = CannedGuest({"answers": ok("", 7), "nginx -t": ok("", 1)})
+    clock = StepClock()
+    results = run_probes(guest, [probe(CommandProbe("answers"), within=2), probe(CommandProbe("nginx -t"))],
+                         clock, rules=V2)
+    assert [(r.outcome, r.attempts) for r in results] == [(FAIL, 5), (FAIL, 2)] and clock.t == 2.0
+    clock = StepClock()
+    [result] = run_probes(guest, [probe(CommandProbe("nginx -t"))], clock, rules=V2)
+    assert result.attempts == 1 and clock.sleeps == 0
 
 
 # --- through the real replayer ---------------------------------------------------------------
@@ -483,7 +565,7 @@ def test_each_kind_through_a_replayed_cassette() -> None:
     checks = [CommandProbe("nginx -t"), HttpProbe("http://localhost/", body_contains="Welcome"),
               HttpProbe("http://localhost/", from_="host"), ServiceProbe("nginx", active=True),
               PortProbe(80, process="nginx"), FileProbe("/srv/x")]
-    assert [c.check(guest) for c in checks] == [
+    assert [c.check(guest, V1) for c in checks] == [
         (FAIL, "exit 1, wanted 0: "), (PASS, "status 200"), (FAIL, "status 403, wanted 200"),
         (PASS, "nginx: active, enabled"), (PASS, "port 80: listening (nginx)"),
         (ERROR, "probe timed out after 20s")]
@@ -493,7 +575,7 @@ def test_a_changed_command_is_a_replay_mismatch() -> None:
     """Why the command strings are frozen: the replayer refuses any other."""
     guest = ReplayGuest(replayed([clean_event(SS_80, ok(""))]))
     with pytest.raises(ReplayMismatch, match="guest exchange 1"):
-        PortProbe(80, protocol="udp").check(guest)
+        PortProbe(80, protocol="udp").check(guest, V1)
 
 
 def _oracle_cassettes() -> Iterator[Path]:
@@ -511,6 +593,7 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     results must equal the ones recorded in the verdict, detail text included.
     """
     cas = Cassette.load(path)
+    rules = rules_of(cas.header)
     scenario = scenario_from_dict(cas.header["scenario"])
     verdict = cas.verdict
     assert verdict is not None
@@ -530,13 +613,13 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
 
     n_inv, n_setup, n_probes = len(scenario.invariants), len(scenario.setup), len(scenario.probes)
     baseline_guest, clock = phase(guest_events[:n_inv])
-    baseline = run_probes(baseline_guest, scenario.invariants, clock, wait=False)
+    baseline = run_probes(baseline_guest, scenario.invariants, clock, rules=rules, wait=False)
     assert [r.to_dict() for r in baseline] == verdict["baseline"]
     assert exhausted(baseline_guest)
 
     start = n_inv + n_setup
     pre_guest, clock = phase(guest_events[start:start + n_probes])
-    pre = run_probes(pre_guest, scenario.probes, clock, wait=False)
+    pre = run_probes(pre_guest, scenario.probes, clock, rules=rules, wait=False)
     assert [r.to_dict() for r in pre] == verdict["precheck"]
     assert exhausted(pre_guest)
     assert any(r.outcome is not PASS for r in pre), "the fault landed, so a probe failed"
@@ -546,8 +629,320 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     last_agent = max(i for i, e in enumerate(events)
                      if e["type"] == "guest" and e["op"] in ("exec", "alive"))
     post_guest, clock = phase(events[last_agent + 1:])
-    post = run_probes(post_guest, scenario.probes, clock)
-    invariants = run_probes(post_guest, scenario.invariants, clock)
+    post = run_probes(post_guest, scenario.probes, clock, rules=rules)
+    invariants = run_probes(post_guest, scenario.invariants, clock, rules=rules)
     assert [r.to_dict() for r in post] == verdict["probes"]
     assert [r.to_dict() for r in invariants] == verdict["invariants"]
     assert exhausted(post_guest)
+
+
+# --- rules 2: the guest helper answers, no guest tool runs -------------------------------------
+
+def q(**question: Any) -> str:
+    """A question exactly as a probe sends it."""
+    return json.dumps(question, sort_keys=True)
+
+
+def said(answer: dict[str, Any], exit_code: int = 0) -> CommandResult:
+    return ok(json.dumps(answer), exit_code)
+
+
+NGINX_PROC = {"pid": "811", "comm": "nginx", "exe": "/usr/sbin/nginx", "sha256": "aa",
+              "cgroup": "/system.slice/nginx.service", "unit": "nginx.service"}
+FAKE_PROC = {"pid": "900", "comm": "nginx", "exe": "/tmp/nginx", "sha256": "bb",
+             "cgroup": "/user.slice/user-0.slice/session-1.scope", "unit": "session-1.scope"}
+PIN = {"path": "/usr/sbin/nginx", "resolved": "/usr/sbin/nginx", "sha256": "aa"}
+PORT_80 = q(ask="port", port=80, protocol="tcp")
+PORT_80_EXE = q(ask="port", port=80, protocol="tcp", exe="/usr/sbin/nginx")
+
+
+@pytest.mark.parametrize(("probe", "question", "answer", "expected"), [
+    (PortProbe(80, process="nginx", unit="nginx", exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [NGINX_PROC], "exe": PIN}),
+     (PASS, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx])")),
+    # A program that takes the name passes on the name alone, and on nothing else.
+    (PortProbe(80, process="nginx"), PORT_80, said({"listening": True, "processes": [FAKE_PROC]}),
+     (PASS, "port 80: listening (nginx [session-1.scope, /tmp/nginx])")),
+    (PortProbe(80, unit="nginx.service"), PORT_80, said({"listening": True, "processes": [FAKE_PROC]}),
+     (FAIL, "port 80: listening (nginx [session-1.scope, /tmp/nginx]), wanted unit nginx.service")),
+    (PortProbe(80, exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [FAKE_PROC], "exe": PIN}),
+     (FAIL, "port 80: listening (nginx [session-1.scope, /tmp/nginx]), wanted exe /usr/sbin/nginx")),
+    # The right path, the right cgroup, another program: the hash tells.
+    (PortProbe(80, unit="nginx", exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [{**NGINX_PROC, "sha256": "cc"}], "exe": PIN}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx]), "
+            "wanted unit nginx.service exe /usr/sbin/nginx")),
+    # One process must be all of it: a real nginx elsewhere does not lend the fake its unit.
+    (PortProbe(80, process="python3", unit="nginx"), PORT_80,
+     said({"listening": True, "processes": [NGINX_PROC, {**FAKE_PROC, "comm": "python3"}]}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx], "
+            "python3 [session-1.scope, /tmp/nginx]), wanted process python3 unit nginx.service")),
+    (PortProbe(80, exe="/usr/sbin/nginx"), PORT_80_EXE,
+     said({"listening": True, "processes": [NGINX_PROC], "exe": {**PIN, "sha256": None}}),
+     (FAIL, "port 80: listening (nginx [nginx.service, /usr/sbin/nginx]), "
+            "and /usr/sbin/nginx was no readable file when first checked")),
+    (PortProbe(80), PORT_80, said({"listening": False, "processes": []}), (FAIL, "port 80: not listening")),
+    (PortProbe(80, listening=False), PORT_80, said({"listening": False, "processes": []}),
+     (PASS, "port 80: not listening")),
+    (PortProbe(80), PORT_80, said({"listening": True, "processes": []}),
+     (PASS, "port 80: listening (unknown process)")),
+    (PortProbe(80), PORT_80, said({"tampered": "/proc/net/tcp is not the kernel's"}),
+     (FAIL, "tampered: /proc/net/tcp is not the kernel's")),
+    (PortProbe(80), PORT_80, said({"error": "bad question: KeyError"}, 2),
+     (ERROR, "the guest helper could not answer: bad question: KeyError")),
+    (PortProbe(80), PORT_80, ok("this guest cannot answer inspection questions", 127),
+     (ERROR, "the guest helper cannot answer: this guest cannot answer inspection questions")),
+    (PortProbe(80), PORT_80, ok("{not json"), (ERROR, "could not read the guest helper's answer: {not json")),
+    (PortProbe(80), PORT_80, TIMED_OUT, (ERROR, "probe timed out after 20s")),
+])
+def test_port_v2(probe: PortProbe, question: str, answer: CommandResult,
+                 expected: tuple[ProbeOutcome, str]) -> None:
+    guest = CannedGuest(inspect={question: answer})
+    assert probe.check(guest, V2) == expected
+    assert guest.sent == [question]
+
+
+def test_unit_and_exe_are_refused_under_rules_1() -> None:
+    """Rules 1 read ``ss``, which knows neither: such a probe cannot judge, so it errs."""
+    outcome, detail = PortProbe(80, unit="nginx").check(CannedGuest(), V1)
+    assert outcome is ERROR and "rules 2" in detail
+
+
+@pytest.mark.parametrize(("probe", "answer", "expected"), [
+    (ServiceProbe("nginx", active=True, enabled=True), {"active": "active", "enabled": "enabled"},
+     (PASS, "nginx: active, enabled")),
+    (ServiceProbe("nginx", active=True), {"active": "failed", "enabled": "enabled"},
+     (FAIL, "nginx: failed, enabled")),
+    (ServiceProbe("nginx", enabled=True), {"active": "active", "enabled": "masked"},
+     (FAIL, "nginx: active, masked")),
+    (ServiceProbe("nginx", active=True), {"tampered": "/run/systemd/private is served by pid 900"},
+     (FAIL, "tampered: /run/systemd/private is served by pid 900")),
+])
+def test_service_v2(probe: ServiceProbe, answer: dict[str, Any],
+                    expected: tuple[ProbeOutcome, str]) -> None:
+    assert probe.check(CannedGuest(inspect={q(ask="service", name="nginx"): said(answer)}), V2) == expected
+
+
+@pytest.mark.parametrize(("probe", "answer", "expected"), [
+    (FileProbe("/srv/x", mode="644", owner="root", group="www-data"),
+     {"exists": True, "mode": 0o644, "owner": "root", "group": "www-data", "type": "regular file"},
+     (PASS, "/srv/x: regular file, mode 0644, root:www-data")),
+    (FileProbe("/srv/x", mode="0600"),
+     {"exists": True, "mode": 0o4755, "owner": "root", "group": "root", "type": "regular file"},
+     (FAIL, "/srv/x: regular file, mode 4755, root:root, wanted mode 0600")),
+    (FileProbe("/srv/x"), {"exists": False}, (FAIL, "/srv/x does not exist")),
+    (FileProbe("/srv/x", exists=False), {"exists": False}, (PASS, "/srv/x does not exist")),
+])
+def test_file_v2(probe: FileProbe, answer: dict[str, Any], expected: tuple[ProbeOutcome, str]) -> None:
+    question = q(ask="file", content=False, path="/srv/x")
+    assert probe.check(CannedGuest(inspect={question: said(answer)}), V2) == expected
+
+
+def test_file_v2_reads_the_content_only_when_asked() -> None:
+    answer = {"exists": True, "mode": 0o640, "owner": "www-data", "group": "www-data",
+              "type": "regular file", "content": base64.b64encode(b"listen 80;").decode()}
+    guest = CannedGuest(inspect={q(ask="file", content=True, path="/srv/x"): said(answer)})
+    assert FileProbe("/srv/x", contains="listen 80;").check(guest, V2)[0] is PASS
+    assert FileProbe("/srv/x", contains="listen 81;").check(guest, V2) == \
+        (FAIL, "/srv/x: regular file, mode 0640, www-data:www-data, content lacks 'listen 81;'")
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ({"status": 200, "body": base64.b64encode(b"Welcome to nginx!").decode()}, (PASS, "status 200")),
+    ({"status": 200, "body": ""}, (FAIL, "status 200 but the body lacks 'Welcome'")),
+    ({"status": None, "why": "ConnectionRefusedError"}, (FAIL, "no HTTP answer: ConnectionRefusedError")),
+])
+def test_http_from_guest_v2(answer: dict[str, Any], expected: tuple[ProbeOutcome, str]) -> None:
+    guest = CannedGuest(inspect={q(ask="http", url="http://localhost/"): said(answer)})
+    assert HttpProbe("http://localhost/", body_contains="Welcome").check(guest, V2) == expected
+
+
+def test_command_probes_run_their_command_under_both_rules() -> None:
+    guest = CannedGuest({"nginx -t": ok()})
+    assert CommandProbe("nginx -t").check(guest, V2) == CommandProbe("nginx -t").check(guest, V1)
+
+
+def test_an_inspection_is_recorded_and_replayed_like_any_exchange() -> None:
+    """The question is the recorded input: a replay that asks another one is a mismatch."""
+    result = said({"listening": False, "processes": []})
+    event = {"type": "guest", "op": "inspect", "input": {"question": PORT_80, "timeout": PROBE_TIMEOUT},
+             "result": {"exit_code": 0, "output": result.output, "duration": 0.01,
+                        "timed_out": False, "truncated": False}}
+    assert PortProbe(80).check(ReplayGuest(replayed([event])), V2) == (FAIL, "port 80: not listening")
+    from runner.core.cassette import _parse_event
+    assert _parse_event(json.dumps(event), "<memory>", 2) == event  # the cassette schema knows it
+    with pytest.raises(InvalidInput, match="command"):
+        _parse_event(json.dumps({**event, "input": {"command": "x", "timeout": 1}}), "<memory>", 2)
+    with pytest.raises(ReplayMismatch, match="input.question"):
+        PortProbe(81).check(ReplayGuest(replayed([event])), V2)
+
+
+# --- rules 2 against the real helper, run here: real sockets, real /proc --------------------
+
+class LocalHelperGuest(Guest):
+    """The guest helper started on this machine, asked through its real protocol."""
+
+    def __init__(self, rb: Path) -> None:
+        from test_framing import LocalHelper
+        self.helper = LocalHelper(rb)
+
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        from runner.backends.framing import parse_frame, request_text
+        h = self.helper
+        h.n += 1
+        sentinel = f"i{h.n}"
+        h.stdin.write(request_text(question, timeout, 1 << 20, sentinel, True, "i").encode())
+        h.stdin.flush()
+        result = parse_frame(h.stdout.readline(), sentinel, 0.0, 1 << 20)
+        assert result is not None
+        return result
+
+    def run_clean(self, command: str, timeout: float) -> CommandResult:
+        return self.helper.run(command, timeout, clean=True)
+
+    def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
+        raise AssertionError("a probe must never use the agent's shell")
+
+    def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
+        raise AssertionError("not asked here")
+
+    def alive(self) -> bool:
+        return True
+
+    def reboot(self, timeout: float) -> RebootResult:
+        raise AssertionError("a probe never reboots the guest")
+
+
+def test_the_real_helper_answers_port_file_and_http_questions(tmp_path: Path) -> None:
+    import http.server
+    import os
+    import sys
+    import threading
+
+    served = tmp_path / "site"
+    served.mkdir()
+    (served / "index.html").write_text("hello from the helper test")
+    os.chmod(served / "index.html", 0o640)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=str(served), **kw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    guest = LocalHelperGuest(tmp_path / "rb")
+    try:
+        port = server.server_address[1]
+        me = os.path.realpath(sys.executable)
+        comm = Path("/proc/self/comm").read_text().strip()
+        assert PortProbe(port, process=comm, exe=me).check(guest, V2)[0] is PASS
+        outcome, detail = PortProbe(port, exe="/bin/sh").check(guest, V2)
+        assert outcome is FAIL and "wanted exe /bin/sh" in detail and me in detail, detail
+        assert PortProbe(port, listening=False).check(guest, V2)[0] is FAIL
+        assert PortProbe(port, protocol="udp").check(guest, V2) == (FAIL, f"port {port}: not listening")
+        url = f"http://localhost:{port}/index.html"
+        assert HttpProbe(url, body_contains="hello from the helper").check(guest, V2) == (PASS, "status 200")
+        assert HttpProbe(f"http://127.0.0.1:{port}/nope").check(guest, V2) == (FAIL, "status 404, wanted 200")
+        page = str(served / "index.html")
+        assert FileProbe(page, mode="640", contains="hello").check(guest, V2)[0] is PASS
+        assert FileProbe(page, mode="644").check(guest, V2)[0] is FAIL
+        assert FileProbe(page + ".gone", exists=False).check(guest, V2)[0] is PASS
+        # A bad question never takes the helper down: it answers, then runs commands as before.
+        assert guest.inspect("not json", PROBE_TIMEOUT).exit_code == 2
+        assert guest.run_clean("echo still here", 10).output == "still here\n"
+    finally:
+        guest.helper.close()
+        server.shutdown()
+        thread.join(10)
+
+
+# --- on a real VM: a root that lies through the guest's tools ------------------------------
+
+# Each stands in for a tool the rules-1 probes run, and answers what a fixed guest would.
+_LIARS = {
+    "/usr/bin/ss": "echo 'LISTEN 0 511 0.0.0.0:80 0.0.0.0:* users:((\"nginx\",pid=1,fd=6))'",
+    "/usr/bin/systemctl": "printf 'active\\nenabled\\n'",
+    "/usr/bin/curl": ('while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done; '
+                      'echo "Welcome to nginx!" > "$out"; printf 200'),
+    "/usr/bin/stat": "echo '644|root|root|regular file'",
+}
+
+
+def _sh(guest: Guest, command: str) -> str:
+    r = guest.exec(command, 60)
+    assert r.exit_code == 0, f"{command!r} exited {r.exit_code}: {r.output[-300:]}"
+    return r.output
+
+
+@pytest.mark.vm
+def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+    """Tools replaced, a fake ``nginx``, a mount over /proc, a fake systemd: rules 2 see through all.
+
+    The same probes under rules 1 are shown fooled by the replaced tools
+    first, so the test proves the threat as well as the defence.
+    """
+    from runner.backends.sandbox import Sandbox
+
+    site = "http://localhost/"
+    nginx = PortProbe(80, process="nginx", unit="nginx", exe="/usr/sbin/nginx")
+    honest = [ServiceProbe("nginx", active=True, enabled=True), nginx,
+              HttpProbe(site, body_contains="Welcome to nginx!"),
+              FileProbe("/etc/nginx/nginx.conf", mode="644", owner="root", contains="http {")]
+    with Sandbox(image.name, accel="auto") as box:
+        guest = box.guest
+        # The real nginx passes every probe, under both rules (and pins /usr/sbin/nginx's hash).
+        assert [p.check(guest, V2)[0] for p in honest] == [PASS] * 4, \
+            [p.check(guest, V2) for p in honest]
+        assert [p.check(guest, V1)[0] for p in honest if p is not nginx] == [PASS] * 3
+
+        # Break it all, then make the tools lie about it.
+        _sh(guest, "systemctl disable --now nginx && chmod 600 /etc/nginx/nginx.conf && "
+                   "cp -a /usr/sbin/nginx /root/nginx.real")
+        for path, body in _LIARS.items():
+            _sh(guest, f"printf '%s\\n' '#!/bin/sh' {shlex.quote(body)} > {path}")
+        lied = [ServiceProbe("nginx", active=True, enabled=True), PortProbe(80, process="nginx"),
+                HttpProbe(site, body_contains="Welcome to nginx!"), FileProbe("/etc/nginx/nginx.conf", mode="644")]
+        assert [p.check(guest, V1)[0] for p in lied] == [PASS] * 4, "rules 1 believe the tools"
+        seen = [p.check(guest, V2) for p in lied]
+        assert [s[0] for s in seen] == [FAIL] * 4, seen
+        assert seen[0][1] == "nginx: inactive, disabled"
+        assert seen[1][1] == "port 80: not listening"
+        assert seen[3][1].endswith("mode 0600, root:root, wanted mode 644")
+
+        # Another program named nginx on port 80: the name passes, the unit and the executable do not.
+        _sh(guest, "cp /usr/bin/python3 /tmp/nginx && cd /tmp && "
+                   "setsid -f /tmp/nginx -m http.server 80 >/dev/null 2>&1; "
+                   "for i in $(seq 50); do grep -q ':0050 00000000:0000 0A' /proc/net/tcp && exit 0; "
+                   "sleep 0.2; done; exit 1")
+        assert PortProbe(80, process="nginx").check(guest, V2)[0] is PASS
+        outcome, detail = nginx.check(guest, V2)
+        assert outcome is FAIL and "nginx [" in detail and "/tmp/nginx" in detail, detail
+        assert PortProbe(80, unit="nginx.service").check(guest, V2)[0] is FAIL
+        assert PortProbe(80, exe="/usr/sbin/nginx").check(guest, V2)[0] is FAIL
+        # A file mounted over the fake's /proc/<pid>/cgroup, naming nginx's unit: not the kernel's.
+        _sh(guest, "echo 0::/system.slice/nginx.service > /tmp/cg && "
+                   "mount --bind /tmp/cg /proc/$(pgrep -x nginx)/cgroup && cat /proc/$(pgrep -x nginx)/cgroup")
+        outcome, detail = PortProbe(80, unit="nginx").check(guest, V2)
+        assert outcome is FAIL and detail.startswith("tampered: /proc/") and "cgroup" in detail, detail
+        # ...even from nginx's own path, moved into nginx.service's cgroup: the hash tells.
+        _sh(guest, "pkill -x nginx; sleep 0.5; cp /usr/bin/python3 /usr/sbin/nginx && cd /tmp && "
+                   "setsid -f /usr/sbin/nginx -m http.server 80 >/dev/null 2>&1; "
+                   "for i in $(seq 50); do grep -q ':0050 00000000:0000 0A' /proc/net/tcp && break; "
+                   "sleep 0.2; done; pid=$(pgrep -x nginx) && "
+                   "mkdir -p /sys/fs/cgroup/system.slice/nginx.service && "
+                   "echo $pid > /sys/fs/cgroup/system.slice/nginx.service/cgroup.procs")
+        assert PortProbe(80, unit="nginx").check(guest, V2)[0] is PASS, "a cgroup is no proof alone"
+        outcome, detail = nginx.check(guest, V2)
+        assert outcome is FAIL and "nginx.service, /usr/sbin/nginx" in detail, detail
+        # A fake systemd at its private socket: not PID 1, so not asked.
+        _sh(guest, "rm /run/systemd/private && setsid -f python3 -c 'import socket,time\n"
+                   "s=socket.socket(socket.AF_UNIX); s.bind(\"/run/systemd/private\"); s.listen()\n"
+                   "time.sleep(600)' >/dev/null 2>&1; "
+                   "for i in $(seq 100); do [ -S /run/systemd/private ] && exit 0; sleep 0.2; done; exit 1")
+        outcome, detail = ServiceProbe("nginx", active=True).check(guest, V2)
+        assert outcome is FAIL and "not systemd (pid 1)" in detail, detail

@@ -34,6 +34,7 @@ from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.replay import ReplayGuest, spec_change
+from runner.core.rules import rules_of
 from runner.core.spec import scenario_from_dict
 
 ROOT = repo_root()
@@ -103,7 +104,8 @@ def _record_infra_error(path: Path) -> Path:
                       "protocol": {"name": "tools", "reason": "test"}})
         ep = run_episode(scenario, RecordingGuest(_InstantGuest(source), writer),
                          RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer,
-                         track_fix=bool(source.header.get("track_fix")))  # as the header says
+                         track_fix=bool(source.header.get("track_fix")),  # as the header says
+                         rules=rules_of(source.header))
     assert ep.verdict == "infra-error", ep.reason
     return path
 

@@ -66,17 +66,20 @@ def clock_line(epoch: float) -> str:
     return f"#RBT {epoch:.3f}\n"
 
 
-def request_text(command: str, timeout: float, cap: int, sentinel: str, clean: bool) -> str:
+def request_text(command: str, timeout: float, cap: int, sentinel: str, clean: bool,
+                 mode: str | None = None) -> str:
     """The lines that ask the helper to run ``command`` (see :mod:`runner.backends.guestd`).
 
     ``clean`` runs it the way probes need: fixed environment, no profile, cwd /.
     Otherwise it runs in the agent's working directory, which it then remembers.
     Any bytes travel: the text goes base64-encoded, in lines a terminal accepts.
+    ``mode`` ``i`` sends a question the helper answers itself (:meth:`FramedGuest.inspect`).
     """
     t = max(1, int(round(timeout)))
     b64 = base64.b64encode(command.encode("utf-8", errors="surrogateescape")).decode()
     chunks = [b64[i:i + B64_CHUNK] for i in range(0, len(b64), B64_CHUNK)] or [""]
-    lines = [f"#RBQ {sentinel} {'c' if clean else 'a'} {t} {cap} {len(chunks)}"]
+    mode = mode or ("c" if clean else "a")
+    lines = [f"#RBQ {sentinel} {mode} {t} {cap} {len(chunks)}"]
     lines += [f"#RBD {c}" for c in chunks]
     return "".join(line + "\n" for line in lines)
 
@@ -167,13 +170,14 @@ class FramedGuest:
         host's (GuestDown if not)."""
         raise NotImplementedError
 
-    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool) -> CommandResult:
+    def _run(self, command: str, timeout: float, output_limit: int | None, clean: bool,
+             mode: str | None = None) -> CommandResult:
         if self._dead:
             raise GuestDown(self._dead)
         sentinel = new_sentinel()
         cap = output_cap(output_limit)
         t0 = time.monotonic()
-        self._send(request_text(command, timeout, cap, sentinel, clean))
+        self._send(request_text(command, timeout, cap, sentinel, clean, mode))
         try:
             seen = self._await(frame_re(sentinel), timeout + SLACK)
         except HelperRestarted:
@@ -197,6 +201,9 @@ class FramedGuest:
 
     def run_clean(self, command: str, timeout: float) -> CommandResult:
         return self._run(command, timeout, 64000, clean=True)
+
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        return self._run(question, timeout, 1 << 18, clean=True, mode="i")  # a 1 MiB answer
 
     def reboot(self, timeout: float) -> RebootResult:
         """Reboot cleanly (``systemctl reboot``), reset if the guest does not within

@@ -23,10 +23,13 @@ the helper ignores every line that does not. Requests:
     ping: answered with ``RBSYNC<token>``.
 ``#RBT <seconds since the epoch>``
     set the guest's clock (a restored guest wakes with its snapshot's time).
-``#RBQ <sentinel> <a|c> <timeout s> <cap> <n>`` then ``n`` lines ``#RBD <base64>``
+``#RBQ <sentinel> <a|c|i> <timeout s> <cap> <n>`` then ``n`` lines ``#RBD <base64>``
     run the command (the base64 text, joined) in the agent's shell (``a``)
     or the clean one (``c``); answered with one line
     ``RB<sentinel>:<base64 of the first cap+1 output bytes>:<rc>:<timed out 0|1>:RB<sentinel>``.
+    Mode ``i`` (inspect) is no command: the text is a JSON question the
+    helper answers itself, in the same frame, without starting any program
+    (see "Inspection" below).
 
 The guarantees of the old wrapper hold: the command's text is in a file
 (``/run/rb``, a small tmpfs: an output flood hits ENOSPC), never in a
@@ -35,15 +38,40 @@ timeout sends TERM to the command's process group and KILL 2 s later, and
 only a timeout that really fired is reported as one (the helper's clock is
 monotonic: ``date -s`` cannot move it); the agent's working directory is
 remembered between commands; the clean channel has a fixed environment.
+
+Inspection. The clean channel runs the guest's own programs (``ss``,
+``systemctl``, ``curl``, ``stat``), and root in the guest can replace them,
+shadow them, or make every new process load a library of its choosing
+(``/etc/ld.so.preload``). The probes of rules 2 ask the helper instead: it
+reads ``/proc`` (the sockets, their owners, the owners' executables and
+cgroups), ``lstat``s and reads files, makes HTTP requests with its own
+sockets, and asks systemd over its private D-Bus socket. Nothing it does
+starts a program or loads code from the guest's disk after it started
+(every module it needs is imported at start, then the import path is
+emptied; it never resolves a name through NSS), and it checks that what it
+reads is the real thing: every ``/proc`` file it opens is on the procfs it
+saw at start (a bind mount over ``/proc/net/tcp`` is on another device), and
+the systemd socket's peer is PID 1 (a fake server bound at that path is not).
+A question it cannot answer truthfully is answered ``{"tampered": why}``.
 """
 
 import base64
+import hashlib
+import json
 import os
 import select
 import signal
+import socket
 import stat
+import struct
 import sys
 import time
+
+# Everything the helper will ever import is imported above, while the guest is clean; now the
+# path is emptied, so a lazy import inside the standard library can never load a module an
+# agent wrote (built-in and frozen modules still import: they are in the binary).
+sys.path[:] = []
+sys.path_importer_cache.clear()
 
 RB = sys.argv[1] if len(sys.argv) > 1 else "/run/rb"
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -265,6 +293,491 @@ def _gone_by(pid, deadline):
         os.close(fd)
 
 
+# --- inspection: answering probe questions without starting a program ----------------------
+
+PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the procfs the helper started with
+PROC_DEV = os.fstat(PROC_FD).st_dev
+SYSTEMD_SOCKET = "/run/systemd/private"
+READ_CAP = 700000  # bytes of a file's content or an HTTP body: base64 in JSON fits a 1 MiB frame
+UNIT_TYPES = (".service", ".socket", ".target", ".device", ".mount", ".automount", ".swap",
+              ".timer", ".path", ".slice", ".scope")
+PINNED = {}  # path -> sha256 of the file there the first time a question named it
+HASHED = {}  # (st_dev, st_ino, size, mtime_ns, ctime_ns) -> sha256, so a big binary is read once
+
+
+class Tampered(Exception):
+    """What the helper reads is not the kernel's or systemd's own answer."""
+
+
+def _proc_read(rel, cap=1 << 20):
+    """A /proc file's bytes, read through the procfs the helper started with (Tampered if the
+    file opened is on another filesystem: something was mounted over it)."""
+    fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=PROC_FD)
+    try:
+        if os.fstat(fd).st_dev != PROC_DEV:
+            raise Tampered("/proc/" + rel + " is not the kernel's (something is mounted over it)")
+        chunks, left = [], cap
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _sha256_fd(fd):
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in HASHED:
+        h = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+        HASHED[key] = h.hexdigest()
+    return HASHED[key]
+
+
+def _sha256_path(path):
+    """The sha256 of what ``path`` (or the ``/proc``-relative magic link) opens, or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return _sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _unit_of_cgroup(path):
+    """The systemd unit a cgroup v2 path belongs to: the first component below the slices."""
+    for part in path.strip("/").split("/"):
+        if part and not part.endswith(".slice"):
+            return part if part.endswith(UNIT_TYPES) else None
+    return None
+
+
+def _listening_inodes(proto, port):
+    """The socket inodes of ``proto`` listening on ``port`` (TCP LISTEN, or a bound UDP socket)."""
+    state = "0A" if proto == "tcp" else "07"
+    inodes = set()
+    for name in (proto, proto + "6"):
+        try:
+            text = _proc_read("net/" + name, 64 << 20).decode("ascii", "replace")
+        except FileNotFoundError:
+            continue  # no IPv6 in this kernel
+        for line in text.splitlines()[1:]:
+            f = line.split()
+            if len(f) < 10 or f[3] != state:
+                continue
+            if int(f[1].rpartition(":")[2], 16) == port:
+                inodes.add(f[9])
+    return inodes
+
+
+def _process(pid, want_hash):
+    """What the port question reports of one process owning a listening socket."""
+    info = {"pid": pid}
+    try:
+        info["comm"] = _proc_read(pid + "/comm").decode("utf-8", "replace").strip()
+    except OSError:
+        info["comm"] = None
+    try:
+        info["exe"] = os.readlink(pid + "/exe", dir_fd=PROC_FD)
+    except OSError:
+        info["exe"] = None
+    cgroup = None
+    try:
+        for line in _proc_read(pid + "/cgroup").decode("utf-8", "replace").splitlines():
+            if line.startswith("0::"):
+                cgroup = line[3:]
+    except OSError:
+        pass
+    info["cgroup"] = cgroup
+    info["unit"] = _unit_of_cgroup(cgroup) if cgroup else None
+    if want_hash:
+        try:
+            fd = os.open(pid + "/exe", os.O_RDONLY, dir_fd=PROC_FD)
+        except OSError:
+            info["sha256"] = None
+        else:
+            try:
+                info["sha256"] = _sha256_fd(fd)
+            finally:
+                os.close(fd)
+    return info
+
+
+def ask_port(q):
+    """Who listens on a port: the kernel's socket tables, then every process's descriptors."""
+    proto, port = q.get("protocol", "tcp"), int(q["port"])
+    if proto not in ("tcp", "udp"):
+        return {"error": "unknown protocol"}
+    inodes = _listening_inodes(proto, port)
+    answer = {"listening": bool(inodes), "processes": []}
+    exe = q.get("exe")
+    if exe:
+        # The reference is the file at that path the first time a question named it: the
+        # baseline or the pre-check, before the agent had a shell.
+        if exe not in PINNED:
+            PINNED[exe] = _sha256_path(exe)
+        answer["exe"] = {"path": exe, "resolved": os.path.realpath(exe), "sha256": PINNED[exe]}
+    if not inodes:
+        return answer
+    wanted = set("socket:[" + i + "]" for i in inodes)
+    for pid in sorted(os.listdir(PROC_FD), key=lambda p: (len(p), p)):
+        if not pid.isdigit():
+            continue
+        try:
+            dfd = os.open(pid + "/fd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=PROC_FD)
+        except OSError:
+            continue
+        try:
+            fds = os.listdir(dfd)
+        except OSError:
+            continue
+        finally:
+            os.close(dfd)
+        for fd in fds:
+            try:
+                target = os.readlink(pid + "/fd/" + fd, dir_fd=PROC_FD)
+            except OSError:
+                continue
+            if target in wanted:
+                answer["processes"].append(_process(pid, bool(exe)))
+                break
+    return answer
+
+
+FILE_TYPES = ((stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"), (stat.S_ISFIFO, "fifo"),
+              (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character special file"),
+              (stat.S_ISBLK, "block special file"))
+
+
+def _name_of(table, number):
+    """The name ``/etc/passwd`` or ``/etc/group`` gives ``number``, read as text (NSS would
+    load a library the guest's root chose), or UNKNOWN as stat(1) says."""
+    try:
+        with open(table, "rb") as f:
+            for line in f.read(4 << 20).decode("utf-8", "replace").splitlines():
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2] == str(number):
+                    return fields[0]
+    except OSError:
+        pass
+    return "UNKNOWN"
+
+
+def ask_file(q):
+    """A path's type, mode and owners as ``lstat`` gives them, and its content if asked."""
+    path = q["path"]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return {"exists": False}
+    except OSError as exc:
+        return {"error": "lstat: " + exc.strerror}
+    kind = "regular empty file" if stat.S_ISREG(st.st_mode) and st.st_size == 0 else "regular file"
+    for test, name in FILE_TYPES:
+        if test(st.st_mode):
+            kind = name
+    answer = {"exists": True, "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+              "owner": _name_of("/etc/passwd", st.st_uid), "group": _name_of("/etc/group", st.st_gid),
+              "type": kind}
+    if q.get("content"):
+        data = b""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    data = os.read(fd, READ_CAP)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        answer["content"] = base64.b64encode(data).decode()
+    return answer
+
+
+def _hosts_address(name):
+    """The address /etc/hosts gives ``name`` (the file as text: no NSS), or None."""
+    try:
+        with open("/etc/hosts", "rb") as f:
+            for line in f.read(1 << 20).decode("utf-8", "replace").splitlines():
+                fields = line.split("#", 1)[0].split()
+                if len(fields) > 1 and name.lower() in (x.lower() for x in fields[1:]):
+                    return fields[0]
+    except OSError:
+        pass
+    return None
+
+
+def ask_http(q, deadline):
+    """One GET as curl makes it (no redirect followed), from the helper's own socket."""
+    url = q["url"]
+    scheme, _, rest = url.partition("://")
+    if scheme != "http":
+        return {"error": "only http:// is supported"}
+    hostport, slash, path = rest.partition("/")
+    path = slash + path if slash else "/"
+    host, port = hostport, 80
+    if hostport.startswith("["):
+        host, _, tail = hostport[1:].partition("]")
+        if tail.startswith(":"):
+            port = int(tail[1:])
+    elif ":" in hostport:
+        host, _, p = hostport.rpartition(":")
+        port = int(p)
+    # curl resolves localhost itself, to the loopback addresses, whatever /etc/hosts says.
+    if host.lower() == "localhost":
+        addresses = ["127.0.0.1", "::1"]
+    else:
+        try:
+            socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+            addresses = [host]
+        except OSError:
+            found = _hosts_address(host)
+            if found is None:
+                return {"status": None, "why": "could not resolve " + host}
+            addresses = [found]
+    error = "connection failed"  # the last address's failure is the one reported
+    for address in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return {"status": None, "why": "timed out"}
+        try:
+            return _get(address, port, hostport, path, min(left, 10.0))
+        except OSError as exc:
+            error = type(exc).__name__
+    return {"status": None, "why": error}
+
+
+def _get(address, port, hostport, path, timeout):
+    """One HTTP/1.0 GET (the server closes the connection after its answer, and sends no
+    chunks), read to the end or to READ_CAP bytes of body. Hand-made: http.client pulls in
+    the email package, seconds of imports under TCG each time a helper starts."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect((address, port))
+        sock.sendall(("GET " + path + " HTTP/1.0\r\nHost: " + hostport
+                      + "\r\nUser-Agent: rootbench-probe\r\nAccept: */*\r\n\r\n").encode("latin-1"))
+        data = b""
+        while len(data) < READ_CAP + 65536:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, sep, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    words = lines[0].split(None, 2)
+    if not sep or len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+        return {"status": None, "why": "not an HTTP answer"}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            body = body[:int(value.strip())]
+    return {"status": int(words[1]), "body": base64.b64encode(body[:READ_CAP]).decode()}
+
+
+# systemd over its private socket: the D-Bus wire protocol, just the calls a probe needs.
+
+def _pad(buf, n):
+    buf.extend(b"\0" * (-len(buf) % n))
+
+
+def _put_str(buf, code, text):
+    data = text.encode()
+    if code == "g":
+        buf.append(len(data))
+    else:
+        _pad(buf, 4)
+        buf.extend(struct.pack("<I", len(data)))
+    buf.extend(data + b"\0")
+
+
+def _dbus_send(sock, serial, path, interface, member, args):
+    """Send a method call whose arguments are strings."""
+    body = bytearray()
+    for a in args:
+        _put_str(body, "s", a)
+    fields = bytearray()
+    for code, sig, value in ((1, "o", path), (2, "s", interface), (3, "s", member),
+                             (6, "s", "org.freedesktop.systemd1"), (8, "g", "s" * len(args))):
+        if code == 8 and not args:
+            continue
+        _pad(fields, 8)
+        fields.append(code)
+        _put_str(fields, "g", sig)
+        _put_str(fields, sig, value)
+    msg = bytearray(b"l\x01\x00\x01" + struct.pack("<III", len(body), serial, len(fields)))
+    msg.extend(fields)
+    _pad(msg, 8)
+    msg.extend(body)
+    sock.sendall(bytes(msg))
+
+
+def _dbus_reply(sock, serials):
+    """The next reply to one of ``serials``: (its serial, error name or None, body bytes).
+    Signals (systemd sends them to every private connection) are read and skipped."""
+    while True:
+        head = _recv_exact(sock, 16)
+        if head[0:1] != b"l":
+            raise Tampered("systemd answered in an unexpected byte order")
+        kind = head[1]
+        body_len, _serial, fields_len = struct.unpack("<III", head[4:16])
+        rest = _recv_exact(sock, fields_len + (-(16 + fields_len) % 8) + body_len, started=True)
+        hdr, body = rest[:fields_len], rest[len(rest) - body_len:]
+        info, i = {}, 0
+        while i < len(hdr):
+            i += -i % 8
+            code, slen = hdr[i], hdr[i + 1]
+            sig = hdr[i + 2:i + 2 + slen].decode()
+            i += 3 + slen
+            if sig in ("s", "o"):
+                i += -i % 4
+                n = struct.unpack("<I", hdr[i:i + 4])[0]
+                info[code] = hdr[i + 4:i + 4 + n].decode("utf-8", "replace")
+                i += 5 + n
+            elif sig == "g":
+                n = hdr[i]
+                info[code] = hdr[i + 1:i + 1 + n].decode()
+                i += 2 + n
+            elif sig == "u":
+                i += -i % 4
+                info[code] = struct.unpack("<I", hdr[i:i + 4])[0]
+                i += 4
+            else:
+                raise Tampered("systemd sent a header field of type " + sig)
+        if kind in (2, 3) and info.get(5) in serials:
+            return info[5], (info.get(4) if kind == 3 else None), body
+
+
+def _dbus_call(sock, serial, path, interface, member, args):
+    """One method call and its reply: (error name or None, body bytes)."""
+    _dbus_send(sock, serial, path, interface, member, args)
+    return _dbus_reply(sock, (serial,))[1:]
+
+
+class Quiet(OSError):
+    """Nothing arrived before the socket's timeout (no message was cut in two)."""
+
+
+def _recv_exact(sock, n, started=False):
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except socket.timeout:  # noqa: UP041 - the helper runs on Python 3.9, where it is not TimeoutError
+            if data or started:
+                raise
+            raise Quiet() from None
+        if not chunk:
+            raise OSError("systemd closed the connection")
+        data += chunk
+    return data
+
+
+def _dbus_wake(sock, deadline):
+    """Ping systemd until it answers. A first message that reaches it in the same read as the
+    BEGIN that ends authentication can sit unprocessed until more bytes arrive (seen with
+    systemd 252 under load); each further ping is such bytes."""
+    serials = []
+    while time.monotonic() < deadline:
+        serials.append(100 + len(serials))
+        _dbus_send(sock, serials[-1], "/org/freedesktop/systemd1", "org.freedesktop.DBus.Peer", "Ping", [])
+        sock.settimeout(max(0.05, min(0.5, deadline - time.monotonic())))
+        try:
+            _dbus_reply(sock, serials)
+            return
+        except Quiet:
+            continue
+    raise OSError("systemd did not answer on " + SYSTEMD_SOCKET)
+
+
+def _body_string(body, variant=False):
+    """The first string of a reply body (``s``/``o``, or a variant holding one)."""
+    i = 0
+    if variant:
+        n = body[0]
+        i = 2 + n
+    i += -i % 4
+    n = struct.unpack("<I", body[i:i + 4])[0]
+    return body[i + 4:i + 4 + n].decode("utf-8", "replace")
+
+
+def ask_service(q, deadline):
+    """A unit's ActiveState and unit-file state, from systemd itself (PID 1, checked)."""
+    name = q["name"]
+    if not name.endswith(UNIT_TYPES):
+        name += ".service"  # as systemctl reads a bare name
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(0.5, deadline - time.monotonic()))
+        sock.connect(SYSTEMD_SOCKET)
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if pid != 1 or uid != 0:
+            raise Tampered(SYSTEMD_SOCKET + " is served by pid " + str(pid) + ", not systemd (pid 1)")
+        sock.sendall(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
+        line = b""
+        while not line.endswith(b"\r\n"):
+            chunk = sock.recv(256)
+            if not chunk:
+                raise OSError("systemd closed the connection")
+            line += chunk
+            if len(line) > 4096:
+                raise OSError("systemd's answer to AUTH is too long")
+        if not line.startswith(b"OK "):
+            raise OSError("systemd refused the connection")
+        sock.sendall(b"BEGIN\r\n")
+        _dbus_wake(sock, deadline)
+        sock.settimeout(max(0.5, deadline - time.monotonic()))
+        manager = ("/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
+        err, body = _dbus_call(sock, 1, *manager, "LoadUnit", [name])
+        if err:
+            active = "inactive"
+        else:
+            err, body = _dbus_call(sock, 2, _body_string(body), "org.freedesktop.DBus.Properties", "Get",
+                                   ["org.freedesktop.systemd1.Unit", "ActiveState"])
+            active = "unknown" if err else _body_string(body, variant=True)
+        err, body = _dbus_call(sock, 3, *manager, "GetUnitFileState", [name])
+        enabled = ("Failed to get unit file state for " + name + ": " + err) if err else _body_string(body)
+        return {"active": active, "enabled": enabled}
+    finally:
+        sock.close()
+
+
+QUESTIONS = {"port": lambda q, d: ask_port(q), "file": lambda q, d: ask_file(q),
+             "http": ask_http, "service": ask_service}
+
+
+def inspect(sentinel, timeout, cap, text):
+    """Answer one JSON question (mode ``i``) in a frame: the JSON answer, exit code 0 (2 if
+    the question itself was bad)."""
+    deadline = time.monotonic() + timeout
+    try:
+        q = json.loads(text)
+        answer = QUESTIONS[q["ask"]](q, deadline)
+        rc = 0
+    except Tampered as exc:
+        answer, rc = {"tampered": str(exc)}, 0
+    except (KeyError, TypeError, ValueError) as exc:
+        answer, rc = {"error": "bad question: " + type(exc).__name__ + " " + str(exc)[:200]}, 2
+    except OSError as exc:
+        answer, rc = {"error": type(exc).__name__ + ": " + str(exc)[:200]}, 0
+    except Exception as exc:  # noqa: BLE001 - the helper must outlive any question
+        answer, rc = {"error": "the helper failed: " + type(exc).__name__ + " " + str(exc)[:200]}, 2
+    data = json.dumps(answer, sort_keys=True).encode()
+    return frame(sentinel, data[: cap + 1], rc, DONE)
+
+
 def frame(sentinel, data, rc, outcome):
     s = sentinel.encode()
     return (b"RB" + s + b":" + base64.b64encode(data) + b":" + str(rc).encode() + b":"
@@ -337,9 +850,12 @@ def main():
                     if not part or part[0] != b"#RBD" or len(part) > 2:
                         break
                     chunks.append(part[1] if len(part) == 2 else b"")
-                if len(chunks) != n or mode not in zygotes or not sentinel.isalnum():
+                if len(chunks) != n or mode not in ("a", "c", "i") or not sentinel.isalnum():
                     continue  # a broken request (the host's ^C flushed it): no frame, the host retries
                 command = base64.b64decode(b"".join(chunks))
+                if mode == "i":
+                    write_all(inspect(sentinel, timeout, cap, command))
+                    continue
                 write_all(run_command(zygotes[mode], sentinel, mode == "c", timeout, cap, command))
         except (ValueError, UnicodeDecodeError):
             continue

@@ -334,7 +334,7 @@ class _Loop:
         the harness watching, and must not make a run end sooner.
         """
         t0 = self.clock.now()
-        results = run_probes(self.guest, self.s.probes, self.clock, wait=False)
+        results = run_probes(self.guest, self.s.probes, self.clock, rules=self.rules, wait=False)
         fixed = all(r.outcome is ProbeOutcome.PASS for r in results)
         if fixed and self.ep.fixed_at is None:
             self.mark_fixed(t0)
@@ -452,7 +452,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
     returns from inside its ``with``, so the phases that never began are absent.
     """
     with _phase(ep, "baseline"):
-        baseline = run_probes(guest, scenario.invariants, clock, wait=False)
+        baseline = run_probes(guest, scenario.invariants, clock, rules=rules, wait=False)
         ep.baseline = _as_dicts(baseline)
     with _phase(ep, "setup"):
         for i, command in enumerate(scenario.setup):
@@ -465,7 +465,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
                              f": {clean_text(result.output)[-120:]}")
                 return
     with _phase(ep, "pre_check"):
-        pre = run_probes(guest, scenario.probes, clock, wait=False)
+        pre = run_probes(guest, scenario.probes, clock, rules=rules, wait=False)
         ep.precheck = _as_dicts(pre)
         if all(r.outcome is ProbeOutcome.PASS for r in pre):
             ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
@@ -487,7 +487,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
     if not guest.alive():
         raise GuestDown("the guest is down after the agent's last command")
 
-    post = run_probes(guest, scenario.probes, clock)
+    post = run_probes(guest, scenario.probes, clock, rules=loop.rules)
     ep.probes = _as_dicts(post)
     ep.score = weighted_score(scenario.probes, post)
     if track_fix and loop.first_command_at is not None:
@@ -497,7 +497,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
             loop.mark_fixed()
         elif not fixed and ep.fixed_at is not None:
             ep.regressed = True
-    inv = run_probes(guest, scenario.invariants, clock)
+    inv = run_probes(guest, scenario.invariants, clock, rules=loop.rules)
     ep.invariants = _as_dicts(inv)
     broken = [r for r in inv if r.outcome is not ProbeOutcome.PASS]
     if broken:
@@ -589,7 +589,7 @@ def _recheck(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, *,
     if scenario.recheck_after:
         waited = _pause(guest, clock, scenario.recheck_after)
         if not _still_holds(scenario, guest, clock, ep, Recheck.PAUSE,
-                            lambda name: f"did not last: {name} after {waited:.0f} s"):
+                            lambda name: f"did not last: {name} after {waited:.0f} s", rules):
             return
     if scenario.reboot:
         try:
@@ -600,15 +600,15 @@ def _recheck(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, *,
         log.info("  rebooted the guest (%s) in %.0fs", "clean" if how.clean else "reset",
                  how.seconds)
         _still_holds(scenario, guest, clock, ep, Recheck.REBOOT,
-                     lambda name: f"did not survive a reboot: {name}")
+                     lambda name: f"did not survive a reboot: {name}", rules)
 
 
 def _still_holds(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, stage: Recheck,
-                 why: Callable[[str], str]) -> bool:
+                 why: Callable[[str], str], rules: Rules) -> bool:
     """Run the success probes and invariants again; on a failure judge the run by them and say
     ``why(probe name)``. A probe that could not run is an infra-error, as in the post-check."""
-    post = run_probes(guest, scenario.probes, clock)
-    inv = run_probes(guest, scenario.invariants, clock)
+    post = run_probes(guest, scenario.probes, clock, rules=rules)
+    inv = run_probes(guest, scenario.invariants, clock, rules=rules)
     failed = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.FAIL]
     errors = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.ERROR]
     if not failed and not errors:

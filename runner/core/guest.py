@@ -64,6 +64,17 @@ class Guest(abc.ABC):
     def run_clean(self, command: str, timeout: float) -> CommandResult:
         """Run ``command`` in a clean environment the agent cannot have altered."""
 
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        """Ask the guest helper itself (a JSON question; its JSON answer is the output).
+
+        The helper answers from ``/proc``, ``lstat``, its own sockets and
+        systemd's private socket, starting no program: the probes of rules 2
+        use it so that a guest tool root replaced cannot lie to them (see
+        :mod:`runner.backends.guestd`). A guest without a helper answers exit
+        127, which a probe reports as an error, never as a verdict on the model.
+        """
+        return CommandResult(127, "this guest cannot answer inspection questions", 0.0)
+
     @abc.abstractmethod
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
         """GET ``path`` on ``guest_port`` from the host side (through a forwarded port)."""

@@ -32,6 +32,10 @@ class RecordingGuest(Guest):
         given = {"command": command, "timeout": timeout}
         return self._call("clean", given, lambda: self.inner.run_clean(command, timeout))
 
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        given = {"question": question, "timeout": timeout}
+        return self._call("inspect", given, lambda: self.inner.inspect(question, timeout))
+
     def _call(self, op: str, given: dict[str, Any], fn: Callable[[], _Result]) -> _Result:
         try:
             result = fn()

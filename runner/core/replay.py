@@ -175,6 +175,9 @@ class ReplayGuest(Guest):
     def run_clean(self, command: str, timeout: float) -> CommandResult:
         return CommandResult(**self._next("clean", {"command": command, "timeout": timeout}))
 
+    def inspect(self, question: str, timeout: float) -> CommandResult:
+        return CommandResult(**self._next("inspect", {"question": question, "timeout": timeout}))
+
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
         given = {"port": guest_port, "path": path, "timeout": timeout}
         return HttpResult(**self._next("http", given))
