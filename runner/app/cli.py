@@ -56,6 +56,7 @@ from runner.app.verify import (
     Verification,
     add_shortcuts,
     json_rows,
+    recorded_shortcut,
     table_rows,
     verify_repeated,
     verify_shortcut,
@@ -232,6 +233,14 @@ def _parser() -> argparse.ArgumentParser:
                  "(auto: from cores and free memory)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run the checks N times; a scenario whose tries disagree is flaky (invalid)")
+    p.add_argument("--shortcuts", choices=("run", "recorded"), default="run",
+                   help="run: each shortcut as a scripted agent on a real VM (and record it); "
+                        "recorded: prove each from its cassette under --shortcuts-from, which "
+                        "must be of this very spec and replay offline to fail (fast: make test)")
+    p.add_argument("--shortcuts-from", default="recordings/oracle", metavar="DIR",
+                   help="with --shortcuts recorded: where the shortcut cassettes are "
+                        "(shortcuts/<scenario-id>/<shortcut>.jsonl under it; default "
+                        "recordings/oracle)")
     _format_arg(p)
     _vm_args(p)
 
@@ -632,6 +641,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     scenarios = load_specs(_spec_paths(args.paths))
     run_dir = new_run_dir(Path("runs"), "verify")
     record_to = Path(args.record_to) if args.record_to else None
+    if args.shortcuts == "recorded" and not Path(args.shortcuts_from).is_dir():
+        raise InvalidInput("not a directory", path=args.shortcuts_from, field="--shortcuts-from")
     if record_to:
         record_to.mkdir(parents=True, exist_ok=True)
 
@@ -652,6 +663,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             pool.submit(i, check, (s, run_dir, args.repeat),
                         timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack))
             for j in range(len(s.shortcuts)):
+                if args.shortcuts == "recorded":
+                    shortcuts[(i, j)] = recorded_shortcut(s, j, Path(args.shortcuts_from))
+                    continue
                 one = functools.partial(verify_shortcut, accel=args.accel,
                                         transport=args.transport, record_to=record_to)
                 pool.submit((i, j), one, (s, j, run_dir, args.repeat),

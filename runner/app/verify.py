@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.app.episodes import RunOptions, run_one
+from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import slug
 from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
 from runner.core.model import noop, oracle, scripted
-from runner.core.outcomes import Flag, ProbeOutcome, StopReason, Verdict
+from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
 from runner.core.protocol import get_protocol
 from runner.core.spec import Scenario
 from runner.core.text import one_line
@@ -235,6 +237,45 @@ def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int =
     run = judge_shortcut(shortcut.name, shortcut.kind.value, episodes)
     run.cassette, run.seconds = str(target), round(time.monotonic() - t0, 1)
     return run
+
+
+def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> ShortcutRun:
+    """Shortcut ``index`` proven from its recording instead of a new VM run.
+
+    Running every shortcut live takes most of a verify (cron scenarios wait
+    out their probes' ``within``, lasting fixes reboot), so ``make test``
+    proves them from the cassettes ``make verify`` committed. That still
+    proves something only if the recording is of this very spec (its sha256,
+    which covers the shortcut's commands) and replays offline, through
+    today's judging, to the same verdict: ``fail``. Anything less is "not
+    proven", never "rejected".
+    """
+    shortcut = scenario.shortcuts[index]
+    path = shortcut_cassette(recorded, scenario, index)
+
+    def unproven(why: str) -> ShortcutRun:
+        return ShortcutRun(shortcut.name, shortcut.kind.value, None, "-", why, cassette=str(path))
+
+    if not path.is_file():
+        return unproven(f"no recording at {path}: record it with `rootbench verify` "
+                        "(shortcuts run live)")
+    try:
+        rep = load_replayable(path)
+    except InvalidInput as exc:
+        return unproven(f"its recording is unreadable: {one_line(str(exc), 200)}")
+    if rep.cassette.header.get("spec_hash") != scenario.spec_hash:
+        return unproven(f"{path} was recorded against another version of the spec: record it "
+                        "again with `rootbench verify`")
+    t0 = time.monotonic()
+    outcome = replay_loaded(rep, offline=True, specs=[Path(scenario.path).parent])
+    if outcome.result is not ReplayResult.SAME:
+        return unproven(f"its recording replays {outcome.result}: {one_line(outcome.note, 200)}")
+    verdict = (rep.cassette.verdict or {}).get("verdict")
+    reason = one_line(str((rep.cassette.verdict or {}).get("reason", "")), 300)
+    rejected = True if verdict == Verdict.FAIL.value else (False if verdict == Verdict.PASS.value
+                                                            else None)
+    return ShortcutRun(shortcut.name, shortcut.kind.value, rejected, str(verdict), reason,
+                       cassette=str(path), seconds=round(time.monotonic() - t0, 1))
 
 
 def judge_shortcut(name: str, kind: str, episodes: list[Episode]) -> ShortcutRun:
