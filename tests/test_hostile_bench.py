@@ -208,10 +208,11 @@ def test_malformed_usage_ends_the_episode_infra_error_and_keeps_the_cassette(
         writer.write({"type": "header", "format": 1, "model": model.fingerprint(),
                       "scenario": rep.cassette.header["scenario"],
                       "spec_hash": rep.cassette.header.get("spec_hash"),
-                      "protocol": {"name": "json"}, "track_fix": False})
+                      "protocol": {"name": "json"}, "track_fix": False,
+                      "rules": int(rep.rules)})
         ep = run_episode(rep.scenario, RecordingGuest(ReplayGuest(rep.cassette), writer),
                          RecordingModel(model, writer),
-                         get_protocol("json"), Clock(writer), writer)
+                         get_protocol("json"), Clock(writer), writer, rules=rep.rules)
     assert ep.verdict == "infra-error" and "not JSON" in ep.reason or "prompt_tokens" in ep.reason
     assert "\n" not in ep.reason
     assert not path.with_name(path.name + ".partial").exists()

@@ -201,7 +201,7 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     assert command.is_displayed() and command.text == "$ fuser -k 80/tcp"
     output = command.find_element(By.XPATH, "following-sibling::pre[1]")
     assert output.text.startswith("80/tcp:")  # fuser's answer: the PID it killed
-    assert "Verdict: pass" in episode.text and "all 4 probes passed" in episode.text
+    assert "Verdict: pass" in episode.text and "all 5 probes passed, every invariant held" in episode.text
 
     # A closed fold inside it: the system prompt.
     fold = episode.find_element(By.XPATH, ".//details[summary[starts-with(., 'System prompt')]]")

@@ -32,7 +32,9 @@ from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.spec import Scenario, load_spec
 
-OLD = repo_root() / "recordings" / "oracle" / "rogue-port-80.jsonl"  # recorded before phases
+# Recorded before phases existed (kept in the archive beside the spec it ran).
+OLD_RUNS = repo_root() / "recordings" / "archive" / "2026-12-03-before-hints"
+OLD = OLD_RUNS / "qwen2.5-coder-1.5b-json" / "rogue-port-80.r0.jsonl"
 SPEC = textwrap.dedent("""\
     id: flags
     title: Two flags must be set
@@ -152,7 +154,7 @@ def test_an_old_cassette_without_phases_still_replays_the_same(tmp_path: Path) -
     shutil.copy2(OLD, old)
     verdict = Cassette.load(old).verdict
     assert verdict is not None and "phases" not in verdict
-    out = replay_one(old, offline=True)
+    out = replay_one(old, offline=True, specs=[OLD_RUNS / "specs"])
     assert out.same, out.note
     assert out.episode is not None
     assert list(out.episode.phases) == list(PHASES[1:])  # the replay's own; no sandbox, no restore

@@ -402,8 +402,10 @@ def test_an_oversized_file_is_refused_unread(tmp_path: Path,
 def test_a_folder_with_one_bad_file_replays_the_good_ones(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "recordings"
-    good = [folder / "a" / ORACLE.name, folder / "b" / LIVE.name]
-    for src, dst in zip((ORACLE, LIVE), good, strict=True):
+    # Two cassettes of today's specs (a shortcut's run as the second), in two sub-folders.
+    second = sorted((ROOT / "recordings" / "oracle" / "shortcuts").rglob("*.jsonl"))[0]
+    good = [folder / "a" / ORACLE.name, folder / "b" / second.name]
+    for src, dst in zip((ORACLE, second), good, strict=True):
         dst.parent.mkdir(parents=True)
         shutil.copy(src, dst)
     bad = folder / "b" / "bad.jsonl"
