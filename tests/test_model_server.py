@@ -112,6 +112,7 @@ def _episode_against(script: list[str], path: Path, seconds: int | None = None) 
     from runner.core.paths import repo_root
     from runner.core.protocol import get_protocol
     from runner.core.recording import RecordingGuest, RecordingModel
+    from runner.core.rules import CURRENT_RULES
     from runner.core.spec import load_spec, scenario_to_dict
 
     scenario = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
@@ -122,7 +123,8 @@ def _episode_against(script: list[str], path: Path, seconds: int | None = None) 
             CassetteWriter(path) as writer:
         model = _model(url, retries=1)
         writer.write({"type": "header", "format": 1, "model": model.fingerprint(),
-                      "scenario": scenario_to_dict(scenario), "protocol": {"name": "json"}})
+                      "scenario": scenario_to_dict(scenario), "protocol": {"name": "json"},
+                      "rules": int(CURRENT_RULES)})  # run_episode's default: replay must match
         ep = run_episode(scenario, RecordingGuest(box.guest, writer),
                          RecordingModel(model, writer), get_protocol("json"),
                          Clock(writer), writer)
