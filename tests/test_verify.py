@@ -165,7 +165,7 @@ def test_a_shortcut_that_passes_makes_the_scenario_invalid_and_is_named(tmp_path
     for sid, stem in [("proven", "start-it-by-hand"), ("fooled", "start-it-by-hand"),
                       ("fooled", "the-fix-itself")]:
         path = rec / "shortcuts" / sid / f"{stem}.jsonl"
-        assert replay_one(path, offline=True, specs=[tmp_path]).result is ReplayResult.SAME, path
+        assert replay_one(path, offline=True, specs=[specs]).result is ReplayResult.SAME, path
     assert rows["fooled"]["shortcuts"][1]["cassette"] == str(rec / "shortcuts/fooled/the-fix-itself.jsonl")
     # the table names the shortcut that passed
     r = _verify(str(specs / "fooled.yaml"), "--record-to", str(rec), "--format", "plain")
