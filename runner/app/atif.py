@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
-from runner.app.outputs import check_dir_target, share, write_error
+from runner.app.outputs import check_dir_target, write_error
 from runner.app.runs import atomic_write, slug
 from runner.core.cassette import digest, find_cassettes
 from runner.core.errors import InvalidInput
@@ -210,7 +210,6 @@ def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
             if target.is_dir():
                 raise InvalidInput("exists and is a directory", path=str(target), field=flag)
             atomic_write(target, document)
-            share(target)
         except OSError as exc:
             if (bad := write_error(exc, target, flag)) is not None:
                 raise bad from None

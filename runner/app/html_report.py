@@ -37,7 +37,7 @@ import jinja2
 import markupsafe
 
 from runner import __version__
-from runner.app.outputs import share, write_error
+from runner.app.outputs import write_error
 from runner.app.runs import atomic_write, load_results, results_file
 from runner.app.signals import Interrupted
 from runner.app.stats import wilson
@@ -878,7 +878,6 @@ def write(runs: Sequence[Run], out: Path | str, title: str = "rootbench report",
     page = render(runs, title)
     try:
         atomic_write(out, page)
-        share(out)
     except OSError as exc:
         if (bad := write_error(exc, out, flag)) is not None:
             raise bad from None

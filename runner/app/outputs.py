@@ -7,9 +7,9 @@ and exit 2 *before* anything is read or rendered, never a crash after the
 work is done. The check makes no folder and leaves no file behind: it finds
 the nearest folder that exists and tries a throw-away file in it.
 
-Files written for people (report.html, trajectory.json) get the mode any
-other file the user makes gets (0666 less the umask), like cassettes, not
-the 0600 of a temporary file renamed into place.
+Files written for people (report.html, trajectory.json) go through
+:func:`runner.app.runs.atomic_write`, which gives them the mode any other file
+the user makes gets (0666 less the umask), like cassettes.
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ import errno
 import os
 import stat
 import tempfile
-import threading
 from pathlib import Path
 
 from runner.core.errors import InvalidInput
-
-_UMASK_LOCK = threading.Lock()
 
 # Errors that mean "this path cannot be written" (the user's to fix), not "the machine broke".
 PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
@@ -94,20 +91,6 @@ def check_dir_target(path: Path, flag: str) -> Path:
         raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a directory", path=str(path),
                            field=flag)
     _probe_folder(path, flag, path)
-    return path
-
-
-def user_mode() -> int:
-    """The mode a new file gets here: 0666 less the umask (read without changing it for long)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return 0o666 & ~mask
-
-
-def share(path: Path) -> Path:
-    """Give ``path`` (written through a private temporary file) the mode of any new file."""
-    os.chmod(path, user_mode())
     return path
 
 
