@@ -120,11 +120,7 @@ def _clock_in_order(cas: Cassette, path: Path) -> None:
             took.append(spent)
             spent = 0.0
             continue
-        holder = event.get("result") if event["type"] == "guest" else event.get("reply")
-        duration = holder.get("duration") if isinstance(holder, dict) else None
-        if isinstance(duration, int | float) and not isinstance(duration, bool) \
-                and math.isfinite(duration) and duration > 0:
-            spent += duration
+        spent += _took(event)
     ts = [float(e["t"]) for e in clocks]
 
     seconds = (cas.verdict or {}).get("seconds")
@@ -159,6 +155,17 @@ def _clock_in_order(cas: Cassette, path: Path) -> None:
                                  f"{cas.line_of(cas.verdict or {})})")
 
 
+def _took(event: dict[str, Any]) -> float:
+    """How long a recorded guest exchange or model call says it took (0 when it says nothing
+    usable): what must fit between the clock readings around it."""
+    holder = event.get("result") if event["type"] == "guest" else event.get("reply")
+    duration = holder.get("duration") if isinstance(holder, dict) else None
+    if isinstance(duration, int | float) and not isinstance(duration, bool) \
+            and math.isfinite(duration) and duration > 0:
+        return float(duration)
+    return 0.0
+
+
 def clock_suspect(cas: Cassette) -> str | None:
     """The clock reading that leaves too little time for what ran before it, or None.
 
@@ -183,11 +190,7 @@ def clock_suspect(cas: Cassette) -> str | None:
                         f"ran between them took {spent:.3f} s")
             prev_t, prev_line, spent = t, line, 0.0
             continue
-        holder = event.get("result") if event["type"] == "guest" else event.get("reply")
-        duration = holder.get("duration") if isinstance(holder, dict) else None
-        if isinstance(duration, int | float) and not isinstance(duration, bool) \
-                and math.isfinite(duration) and duration > 0:
-            spent += duration
+        spent += _took(event)
     return None
 
 
