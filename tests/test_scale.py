@@ -20,7 +20,9 @@ import pytest
 from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
-FOUR = ["permission-403", "nginx-stopped", "ssh-stopped", "cron-stopped"]
+# Quick scenarios: none waits out a re-check pause or reboots the guest (those are tested in
+# test_lasting.py; here they only made the two benches four minutes longer).
+FOUR = ["permission-403", "nginx-stopped", "site-config-renamed", "hosts-name-typo"]
 
 
 def _env(tmp: Path) -> dict[str, str]:
