@@ -146,8 +146,8 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
                         "failure until it passes or the hints run out (the table's assist column)")
     p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
                    help="re-run the success probes after each agent command, for fixed_at and "
-                        "regressed (default on; ~2 s per command on TCG, not taken from the "
-                        "agent's time budget)")
+                        "regressed (default on; a probe round per command, 0.4-0.7 s on TCG, "
+                        "2-6%% of a model episode; not taken from the agent's time budget)")
     _format_arg(p)
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")
     _jobs_arg(p, "episodes at once, each in its own VM (auto: from cores, free memory and the "
