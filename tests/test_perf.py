@@ -44,4 +44,4 @@ def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
     assert set(figures["oracle_phases_s"]) == set(PHASES)
     assert figures["oracle_dominant_phase"].split(" ")[0] in PHASES
     assert "verify_suite_s" not in figures  # --no-verify
-    print(json.dumps(figures, indent=1, sort_keys=True))  # the figures, for the README (with -s)
+    print(json.dumps(figures, indent=1, sort_keys=True))  # the figures, for docs/performance.md (with -s)
