@@ -25,11 +25,18 @@ from runner.app.bench import run_bench
 from runner.app.cli import main
 from runner.app.episodes import RunOptions, header, run_one
 from runner.app.replay import replay_one
-from runner.app.report import assists, render_table
+from runner.app.report import GRADED_COLUMNS, render_table
+from runner.app.stats import assists
 from runner.core import layout
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
-from runner.core.episode import UPTIME_COMMAND, Episode, run_episode, weighted_score
+from runner.core.episode import (
+    GRADED_FIELDS,
+    UPTIME_COMMAND,
+    Episode,
+    run_episode,
+    weighted_score,
+)
 from runner.core.errors import GuestDown, InvalidInput
 from runner.core.guest import CommandResult, RebootResult
 from runner.core.model import ScriptedModel, oracle
@@ -611,3 +618,11 @@ def test_an_episode_reads_back_from_what_it_wrote_and_an_infra_error_is_never_sc
                                                             "worker: gone")
     assert (lost.round, lost.hint_level, lost.arm, lost.score) == (1, 2, "m-json", None)
     assert not lost.verdict.scored
+
+
+def test_the_tables_graded_columns_are_graded_fields() -> None:
+    """One list of what grading adds (GRADED_FIELDS); the tables pick their columns from it."""
+    assert {key for key, _title in GRADED_COLUMNS} <= set(GRADED_FIELDS) <= set(
+        Episode.__dataclass_fields__)
+    assert [t for _k, t in html_report.OPTIONAL_COLUMNS] == ["hint level", "score", "milestones",
+                                                             "time to fix"]

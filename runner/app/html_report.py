@@ -38,6 +38,7 @@ import markupsafe
 
 from runner import __version__
 from runner.app.outputs import write_error
+from runner.app.report import GRADED_COLUMNS
 from runner.app.runs import atomic_write, load_results, results_file
 from runner.app.signals import Interrupted
 from runner.app.stats import deciding, pass_count, verdict_counts, wilson
@@ -601,7 +602,7 @@ def _counts(run: Run) -> dict[str, int]:
 # Columns another part of the harness may add to Episode; shown when any episode has them. The
 # hint level is the level the episode ran at; a round's assist (the lowest level that passed,
 # see runner.app.stats) is what the heat map shows.
-OPTIONAL_COLUMNS = (("score", "score"), ("hint_level", "hint level"), ("fixed_at", "time to fix"))
+OPTIONAL_COLUMNS = (("hint_level", "hint level"), *GRADED_COLUMNS)
 
 
 def _optional_columns(runs: Sequence[Run]) -> list[tuple[str, str]]:
@@ -620,7 +621,7 @@ def _cell(key: str, value: Any) -> str:
     if key == "fixed_at" and n is not None:
         return f"{n:.1f} s"
     if n is not None:
-        return f"{n:g}" if key != "score" else f"{n:.2f}"
+        return f"{n:.2f}" if key in ("score", "milestone_fraction") else f"{n:g}"
     return _fmt(value)
 
 

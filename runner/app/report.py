@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
@@ -35,6 +35,20 @@ def _row(ep: Episode) -> list[Any]:
 HEADERS = ["scenario", "verdict", "seconds", "turns", "commands", "tokens in/out", "flags"]
 
 
+# The graded fields (runner.core.episode.GRADED_FIELDS) that get a column in the tables, the
+# terminal's and the HTML report's, with its title; shown when any episode has a value.
+GRADED_COLUMNS = (("score", "score"), ("milestone_fraction", "milestones"),
+                  ("fixed_at", "time to fix"))
+_GRADED_CELL: dict[str, Callable[[Episode], str | None]] = {
+    "score": lambda ep: None if ep.score is None else f"{ep.score:.2f}",
+    "milestone_fraction": lambda ep: None if ep.milestone_fraction is None
+    else f"{ep.milestone_fraction:.2f}",
+    "fixed_at": lambda ep: None if not ep.fixed_at
+    else f"turn {ep.fixed_at['turn']}, {ep.fixed_at['seconds']:.1f}s"
+    + (" regressed" if ep.regressed else ""),
+}
+
+
 def _graded(episodes: Sequence[Episode],
             ladder: bool = False) -> tuple[list[str], list[list[str]]]:
     """The grading columns the runs have something in: the hint level each episode ran at and
@@ -48,16 +62,8 @@ def _graded(episodes: Sequence[Episode],
         for row, ep in zip(cells, episodes, strict=True):
             level = helped.get((ep.scenario, ep.round))
             row += [str(ep.hint_level), "-" if level is None else str(level)]
-    columns = (
-        ("score", lambda ep: None if ep.score is None else f"{ep.score:.2f}"),
-        ("milestones", lambda ep: None if ep.milestone_fraction is None
-         else f"{ep.milestone_fraction:.2f}"),
-        ("fixed at", lambda ep: None if not ep.fixed_at
-         else f"turn {ep.fixed_at['turn']}, {ep.fixed_at['seconds']:.1f}s"
-         + (" regressed" if ep.regressed else "")),
-    )
-    for title, cell in columns:
-        values = [cell(ep) for ep in episodes]
+    for key, title in GRADED_COLUMNS:
+        values = [_GRADED_CELL[key](ep) for ep in episodes]
         if any(v is not None for v in values):
             headers.append(title)
             for row, v in zip(cells, values, strict=True):
