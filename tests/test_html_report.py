@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 from runner.app import html_report
@@ -24,7 +25,10 @@ from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cli import main
 from runner.app.episodes import RunOptions
-from runner.core.cassette import RecordMode
+from runner.app.runs import write_results
+from runner.core import layout
+from runner.core.cassette import Cassette, RecordMode
+from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
@@ -115,9 +119,81 @@ def test_new_episode_fields_get_columns_and_old_results_render_without(tmp_path:
     ep = run[0].episodes[0]
     ep.data.update(score=0.75, hint_level=2, fixed_at=12.5, milestones=[{"name": "found it"}])
     new = html_report.render(run)
-    for header in (">score<", ">assist<", ">time to fix<"):
+    for header in (">score<", ">hint level<", ">time to fix<"):
         assert header in new
     assert ">0.75<" in new and ">12.5 s<" in new and "name=found it" in new
+
+
+# A real-model --ladder run (0 hints, then one more after each failure), recorded on 2026-12-04.
+LADDER_JSON = RECORDINGS / "archive" / "2026-12-04-before-validity" / "qwen2.5-coder-1.5b-json"
+
+
+def _ladder_run(run: Path) -> list[Episode]:
+    """The run directory a bench made of the recorded ladder: its cassettes where the bench puts
+    them, results.json with each episode as its cassette's verdict line says, in the bench's order."""
+    episodes = []
+    for source in sorted(LADDER_JSON.glob("*.jsonl")):
+        ep = Episode.from_dict(Cassette.load(source).verdict or {})
+        target = layout.cassette_path(run, ep.scenario, ep.round, ep.hint_level)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        ep.cassette = str(target)
+        episodes.append(ep)
+    episodes.sort(key=lambda e: (e.scenario, e.round, e.hint_level))
+    write_results(run, {"options": {"ladder": True}}, episodes)
+    return episodes
+
+
+def _sections(page: str) -> dict[str, str]:
+    """Each episode's trajectory section of a report, by its anchor."""
+    parts = page.split('<details class="episode" id="')[1:]
+    return {part.split('"', 1)[0]: part for part in parts}
+
+
+def test_a_ladder_runs_report_shows_each_levels_own_transcript(tmp_path: Path) -> None:
+    episodes = _ladder_run(tmp_path / "run")
+    hinted = [i for i, ep in enumerate(episodes) if ep.hint_level]
+    assert len(episodes) == 48 and len(hinted) == 33  # the run of issue 32
+    page = html_report.write_run_report(tmp_path / "run").read_text(encoding="utf-8")
+    sections = _sections(page)
+    assert len(sections) == 48
+    for i, ep in enumerate(episodes):
+        own = html_report.load_trajectory(layout.cassette_path(tmp_path / "run", ep.scenario,
+                                                               ep.round, ep.hint_level))
+        section = sections[f"run0-ep{i}"]
+        # The task as that level's model was sent it: with that level's hints, no more, no less.
+        assert str(markupsafe.escape(own.task)) in section, (ep.scenario, ep.hint_level)
+        replies = [str(markupsafe.escape(t.content)) for t in own.turns if t.content]
+        assert replies and all(r in section for r in replies), (ep.scenario, ep.hint_level)
+        if ep.hint_level:
+            assert f"hint level {ep.hint_level}" in section.split("</summary>")[0]
+            unaided = html_report.load_trajectory(layout.cassette_path(
+                tmp_path / "run", ep.scenario, ep.round))
+            assert own.task != unaided.task
+            assert str(markupsafe.escape(unaided.task)) + "<" not in section
+
+
+def test_a_ladder_runs_heat_map_shows_the_level_each_round_passed_at(tmp_path: Path) -> None:
+    episodes = _ladder_run(tmp_path / "run")
+    page = html_report.write_run_report(tmp_path / "run").read_text(encoding="utf-8")
+    heat = page.split('id="heatmap"')[1].split("</table>")[0]
+
+    def cell(scenario: str) -> str:
+        return heat.split(f"<th>{scenario}</th>")[1].split("</tr>")[0]
+
+    def anchor(scenario: str, level: int) -> str:
+        return f'#run0-ep{[(e.scenario, e.hint_level) for e in episodes].index((scenario, level))}"'
+
+    levels = {(e.scenario, e.hint_level): e.verdict.value for e in episodes}
+    assert [levels[("cron-stopped", lv)] for lv in (0, 1, 2)] == ["fail", "fail", "pass"]
+    assert anchor("cron-stopped", 2) + ">pass h2</a>" in cell("cron-stopped")
+    # Never passed: the round's last level, a plain fail.
+    assert [levels[("cron-job-commented", lv)] for lv in range(4)] == ["fail"] * 4
+    assert anchor("cron-job-commented", 3) + ">fail</a>" in cell("cron-job-commented")
+    # Passed unaided: no level to show.
+    unaided = next(e.scenario for e in episodes if e.hint_level == 0 and e.verdict.value == "pass")
+    assert anchor(unaided, 0) + ">pass</a>" in cell(unaided)
+    assert "passed at hint level N" in page
 
 
 # --- in Chromium --------------------------------------------------------------------------------

@@ -25,10 +25,18 @@ from runner.app.bench import run_bench
 from runner.app.cli import main
 from runner.app.episodes import RunOptions, header, run_one
 from runner.app.replay import replay_one
-from runner.app.report import assists, render_table
+from runner.app.report import GRADED_COLUMNS, render_table
+from runner.app.stats import assists
+from runner.core import layout
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
-from runner.core.episode import UPTIME_COMMAND, Episode, run_episode, weighted_score
+from runner.core.episode import (
+    GRADED_FIELDS,
+    UPTIME_COMMAND,
+    Episode,
+    run_episode,
+    weighted_score,
+)
 from runner.core.errors import GuestDown, InvalidInput
 from runner.core.guest import CommandResult, RebootResult
 from runner.core.model import ScriptedModel, oracle
@@ -373,8 +381,24 @@ def test_hints_k_runs_every_scenario_at_k_capped(tmp_path: Path,
 
 def test_cassette_names_keep_level_0_as_before(tmp_path: Path) -> None:
     s = load_spec(_spec(tmp_path))
-    assert bench_mod._cassette_name(s, 2) == "flags.r2.jsonl"
-    assert bench_mod._cassette_name(s, 2, 1) == "flags.r2.h1.jsonl"
+    assert layout.cassette_name(s.id, 2) == "flags.r2.jsonl"
+    assert layout.cassette_name(s.id, 2, 1) == "flags.r2.h1.jsonl"
+    assert layout.cassette_path(tmp_path, s.id, 2, 1, "m-json") == \
+        tmp_path / "cassettes" / "m-json" / "flags.r2.h1.jsonl"
+
+
+@pytest.mark.parametrize(("name", "parsed"), [
+    ("flags.r2.jsonl", ("flags", 2, 0)), ("flags.r0.h3.jsonl", ("flags", 0, 3)),
+    ("rogue-port-80.r11.h10.jsonl", ("rogue-port-80", 11, 10)),
+    ("rogue-port-80.jsonl", ("rogue-port-80", 0, 0)),  # verify's oracle cassette
+    ("flags.noop.jsonl", None), ("flags.r0.jsonl.partial", None), ("flags.r0.h0.jsonl", None),
+    (".jsonl", None), ("flags.r0.h1.json", None)])
+def test_cassette_names_read_back_as_they_are_written(name: str,
+                                                      parsed: tuple[str, int, int] | None) -> None:
+    got = layout.parse_cassette_name(name)
+    assert (None if got is None else (got.scenario, got.round, got.hint_level)) == parsed
+    if got is not None and name != layout.oracle_cassette_name(got.scenario):
+        assert str(got) == name  # format(parse(name)) is the name itself
 
 
 def test_the_ladder_with_the_oracle_replays_committed_cassettes_and_stops_at_level_0(
@@ -579,3 +603,26 @@ def test_the_report_shows_the_task_as_sent_and_the_time_to_fix(tmp_path: Path) -
     s = load_spec(_spec(tmp_path))
     assert html_report.load_trajectory(cassette).task == task_text(s, 2)
     assert html_report._cell("fixed_at", {"turn": 3, "seconds": 4.25}) == "4.2 s (turn 3)"
+
+
+def test_an_episode_reads_back_from_what_it_wrote_and_an_infra_error_is_never_scored() -> None:
+    ep = Episode(scenario="flags", agent=AgentKind.MODEL, model="m", protocol="json", round=2,
+                 hint_level=1, verdict=Verdict.PASS, score=1.0, milestones=["found"],
+                 phases={"agent": 3})
+    line = {"type": "verdict", **ep.to_dict(), "from_a_newer_harness": 1}
+    back = Episode.from_dict(json.loads(json.dumps(line)))
+    assert back == ep and back.verdict is Verdict.PASS and back.phases == {"agent": 3.0}
+    lost = Episode.infra_error("flags", AgentKind.MODEL, "m", "json", "worker: gone", round_=1,
+                               hint_level=2, arm="m-json")
+    assert (lost.verdict, lost.stop.value, lost.reason) == (Verdict.INFRA_ERROR, "infra-error",
+                                                            "worker: gone")
+    assert (lost.round, lost.hint_level, lost.arm, lost.score) == (1, 2, "m-json", None)
+    assert not lost.verdict.scored
+
+
+def test_the_tables_graded_columns_are_graded_fields() -> None:
+    """One list of what grading adds (GRADED_FIELDS); the tables pick their columns from it."""
+    assert {key for key, _title in GRADED_COLUMNS} <= set(GRADED_FIELDS) <= set(
+        Episode.__dataclass_fields__)
+    assert [t for _k, t in html_report.OPTIONAL_COLUMNS] == ["hint level", "score", "milestones",
+                                                             "time to fix"]

@@ -12,11 +12,17 @@ import pytest
 from runner.app.report import statistics_table
 from runner.app.stats import (
     Interval,
+    assists,
     bootstrap_mean,
     compare,
+    deciding,
+    hinted,
     mcnemar_exact,
+    model_speed,
     pass_at_k,
+    pass_count,
     summarize,
+    verdict_counts,
     wilson,
 )
 from runner.core.episode import Episode
@@ -205,6 +211,30 @@ def test_in_a_ladder_run_a_scenario_passed_unaided_is_solved_at_level_0() -> Non
     a, b = summarize(eps).scenarios
     assert (a.solved, a.mean_assist) == (1, 0.0) and (b.solved, b.mean_assist) == (1, 1.0)
     assert summarize(eps[:1]).scenarios[0].solved is None  # no hints anywhere: not a ladder
+
+
+def test_a_ladder_round_is_decided_by_its_lowest_pass_else_its_last_level() -> None:
+    """One meaning each: a round's assist is its lowest passing level; the pass rate of every
+    table and plot is over first tries; verdict counts count every episode."""
+    eps = [_ep("a", "fail", 0, hint_level=0), _ep("a", "pass", 0, hint_level=2),
+           _ep("a", "pass", 0, hint_level=1),  # out of order: the lowest pass decides
+           _ep("a", "fail", 1, hint_level=0), _ep("a", "fail", 1, hint_level=1),
+           _ep("a", "pass", 2, hint_level=0), _ep("a", "infra-error", 3, hint_level=0)]
+    decided = deciding(eps)
+    assert {k: (e.verdict.value, e.hint_level) for k, e in decided.items()} == {
+        ("a", 0): ("pass", 1), ("a", 1): ("fail", 1), ("a", 2): ("pass", 0),
+        ("a", 3): ("infra-error", 0)}
+    assert assists(eps) == {("a", 0): 1, ("a", 1): None, ("a", 2): 0, ("a", 3): None}
+    assert pass_count(eps) == (1, 3)  # first tries of rounds 0-2; round 3 is not scored
+    assert verdict_counts(eps) == {"pass": 3, "fail": 3, "infra-error": 1, "invalid-scenario": 0}
+    assert hinted(eps) and not hinted(eps[5:])
+
+
+def test_model_speed_is_the_mean_of_the_episodes_that_timed_both() -> None:
+    timed = _ep("a", "pass", 0, tokens_in=300, tokens_cached=100, prompt_ms=1000.0,
+                tokens_out=50, gen_ms=2000.0)
+    assert model_speed([timed, _ep("a", "pass", 1)]) == (200.0, 25.0)
+    assert model_speed([_ep("a", "pass", 1)]) is None
 
 
 def test_milestones_count_first_tries_and_time_to_fix_every_fixed_run() -> None:

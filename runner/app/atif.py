@@ -36,6 +36,7 @@ from typing import Any
 from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
 from runner.app.outputs import check_dir_target, write_error
 from runner.app.runs import atomic_write, slug
+from runner.core import layout
 from runner.core.cassette import digest, find_cassettes
 from runner.core.errors import InvalidInput
 
@@ -191,7 +192,7 @@ def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
     for p in paths:
         for cassette in find_cassettes([p]):
             prefix = f"{slug(p.name)}-" if several and p.is_dir() else ""
-            loaded.append((prefix + slug(cassette.name.removesuffix(".jsonl")),
+            loaded.append((prefix + slug(layout.cassette_stem(cassette)),
                            load_trajectory(cassette)))
     written: list[Path] = []
     used: set[str] = set()

@@ -31,8 +31,9 @@ from runner.app.replay import replay_one
 from runner.app.runs import atomic_write, load_results, slug, write_results
 from runner.app.signals import signals_raise
 from runner.backends.sandbox import Sandbox
+from runner.core import layout
 from runner.core.cassette import Cassette, RecordMode
-from runner.core.episode import Episode
+from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import Protocol
@@ -61,12 +62,6 @@ def _prepare_sandboxes(images: list[str], opts: RunOptions) -> None:
                         image, one_line(str(exc)))
 
 
-def _cassette_name(scenario: Scenario, round_: int, level: int = 0) -> str:
-    """``<id>.r<round>.jsonl`` at level 0 (as before hints, so resume and record modes still find
-    old cassettes), ``<id>.r<round>.h<level>.jsonl`` for a run with hints."""
-    return f"{scenario.id}.r{round_}" + (f".h{level}" if level else "") + ".jsonl"
-
-
 def levels(scenario: Scenario, opts: RunOptions) -> list[int]:
     """The hint levels a scenario may run at, in order: the ladder climbs them one failure at a
     time; otherwise it is the one level asked for, capped at the hints the scenario has."""
@@ -79,10 +74,6 @@ def climbs(ep: Episode, opts: RunOptions) -> bool:
     """Whether the ladder goes on to the next level after ``ep``: only after a plain failure
     (an infra-error or invalid scenario says nothing about how much help the model needs)."""
     return opts.ladder and ep.verdict is Verdict.FAIL
-
-
-GRADED = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed",
-          "failed_recheck")
 
 
 def _from_recording(round_: int, level: int, recorded: Path,
@@ -110,10 +101,9 @@ def _from_recording(round_: int, level: int, recorded: Path,
     cassette.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(recorded, cassette)  # a new file: the umask's mode, not the source's
     verdict = loaded.verdict or {}
-    fields = set(Episode.__dataclass_fields__)
-    ep = Episode(**{k: v for k, v in verdict.items() if k in fields})
+    ep = Episode.from_dict(verdict)
     if outcome.episode is not None:
-        for key in GRADED:
+        for key in GRADED_FIELDS:
             setattr(ep, key, getattr(outcome.episode, key))
     ep.hint_level, ep.round = level, round_
     ep.cassette = str(cassette)
@@ -154,11 +144,6 @@ def matrix(choices: list[AgentChoice], protocols: list[str], hints: list[int]) -
 Key = tuple[str | None, str, int, int]  # (arm, scenario, round, hint level): one episode, one cassette
 
 
-def _folder(base: Path, arm: Arm) -> Path:
-    """Where an arm's cassettes go: ``base`` itself in a bench of one, ``base/<arm>`` in a matrix."""
-    return base / arm.label if arm.label else base
-
-
 def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, run_dir: Path,
               *, resume: bool = False, retry_infra: int = 0, record_to: Path | None = None,
               record_mode: RecordMode = RecordMode.ALL, arms: list[Arm] | None = None,
@@ -195,7 +180,7 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
         info["arms"] = [{"label": a.label, "model": a.choice.label(), "protocol": a.protocol,
                          "hints": a.hints} for a in arms]
     if not resume:
-        atomic_write(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
+        atomic_write(run_dir / layout.RUN_INFO, json.dumps(info, indent=2) + "\n")
     episodes, wanted, arm_opts = plan.episodes, plan.wanted, plan.arm_opts
     recorded, next_step = plan.recorded, plan.next_step
     position = {(a.label, s.id, r): i for i, (a, s, r) in enumerate(wanted)}
@@ -277,8 +262,8 @@ class _Plan:
         ``<id>.jsonl``, as ``verify`` names its oracle cassettes)."""
         if self.record_to is None or self.record_mode is RecordMode.ALL:
             return None
-        folder = _folder(self.record_to, a)
-        names = [_cassette_name(s, r, level)] + ([f"{s.id}.jsonl"] if r == 0 and not level else [])
+        folder = layout.arm_folder(self.record_to, a.label)
+        names = layout.recorded_names(s.id, r, level)
         return next((folder / n for n in names if (folder / n).is_file()), None)
 
     def needs(self, key: Key, retry: bool) -> bool:
@@ -325,7 +310,7 @@ def check_bench(scenarios: list[Scenario], arms: list[Arm], opts: RunOptions, *,
 def _run_json(run_dir: Path) -> dict[str, Any]:
     """A run directory's run.json as a dict ({} when missing or unreadable: nothing to hold to)."""
     try:
-        data = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        data = json.loads((run_dir / layout.RUN_INFO).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -364,7 +349,7 @@ def same_agent(run_dir: Path, arms: list[Arm], opts: RunOptions) -> None:
         if then != asked:
             raise InvalidInput(f"the run was made with {_FLAG[key]} {then!r}, this resume asks "
                                f"for {asked!r}: resume with the run's own flags",
-                               path=str(run_dir / "run.json"), field=f"{part}.{key}")
+                               path=str(run_dir / layout.RUN_INFO), field=f"{part}.{key}")
 
 
 def resume_scenarios(run_dir: Path, asked: list[Scenario] | None) -> list[Scenario]:
@@ -375,7 +360,7 @@ def resume_scenarios(run_dir: Path, asked: list[Scenario] | None) -> list[Scenar
     shrink it. A run.json without a list (an older one) takes ``asked``.
     """
     listed = _run_json(run_dir).get("scenarios")
-    where = str(run_dir / "run.json")
+    where = str(run_dir / layout.RUN_INFO)
     if not isinstance(listed, list) or not listed or not all(isinstance(p, str) for p in listed):
         if asked is None:
             raise InvalidInput("run.json has no scenario list: name the scenarios to resume",
@@ -400,10 +385,9 @@ def resume_scenarios(run_dir: Path, asked: list[Scenario] | None) -> list[Scenar
 def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
     """``--resume`` of a matrix bench must ask for the same arms (else every episode would run
     again under other names); a bench of one arm resumes as it always did."""
-    try:
-        asked = json.loads((run_dir / "run.json").read_text()).get("arms") or []
-    except (OSError, ValueError, AttributeError):
-        return  # no or an old run.json: nothing to hold the resume to
+    asked = _run_json(run_dir).get("arms") or []  # none (an old run.json): a bench of one
+    if not isinstance(asked, list):
+        return  # nothing to hold the resume to
     had = [a.get("label") for a in asked if isinstance(a, dict)]
     now = [a.label for a in arms if a.label]
     if had != now:
@@ -442,7 +426,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             log.info("report (rewritten after each scenario): %s", report)
             first_report = False
         if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
-            folder = _folder(record_to, a)
+            folder = layout.arm_folder(record_to, a.label)
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ep.cassette, folder / Path(ep.cassette).name)
         how = " (replayed from its recording)" if replayed else ""
@@ -455,7 +439,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             key = (a.label, s.id, r, level)
             tag = tag_of(a, s, r, level)
             log.info("%d/%d %s", i, len(runs), tag)
-            cassette = _folder(run_dir / "cassettes", a) / _cassette_name(s, r, level)
+            cassette = layout.cassette_path(run_dir, s.id, r, level, a.label)
             source = recorded(a, s, r, level)
             if source is not None:
                 ep = _from_recording(r, level, source, cassette, a.protocol)

@@ -22,7 +22,6 @@ from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode
 from runner.core.errors import InfraError
 from runner.core.model import Model
-from runner.core.outcomes import StopReason, Verdict
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.rules import CURRENT_RULES
@@ -90,11 +89,9 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
         except InfraError as exc:
             writer.write(header(scenario, model, protocol, reason, opts, round_, {},
                                 hint_level=hint_level))
-            ep = Episode(scenario=scenario.id, agent=model.agent, model=model.name,
-                         protocol=protocol.name, round=round_, hint_level=hint_level,
-                         verdict=Verdict.INFRA_ERROR,
-                         stop=StopReason.INFRA_ERROR, reason=f"sandbox: {one_line(str(exc))}",
-                         cassette=str(cassette_path))
+            ep = Episode.infra_error(scenario.id, model.agent, model.name, protocol.name,
+                                     f"sandbox: {one_line(str(exc))}", round_=round_,
+                                     hint_level=hint_level, cassette=str(cassette_path))
             writer.write({"type": "verdict", **ep.to_dict()})
             return ep
         writer.write(header(scenario, model, protocol, reason, opts, round_, box.info.to_dict(),
@@ -128,10 +125,9 @@ class EpisodeJob:
 
     def lost(self, why: str) -> Episode:
         """The episode's result when its worker died or was stopped: infra-error, never a loss."""
-        return Episode(scenario=self.scenario.id, agent=self.model.agent, model=self.model.name,
-                       protocol=self.protocol, round=self.round, hint_level=self.hint_level,
-                       verdict=Verdict.INFRA_ERROR, stop=StopReason.INFRA_ERROR,
-                       reason=f"worker: {one_line(why)}", arm=self.arm)
+        return Episode.infra_error(self.scenario.id, self.model.agent, self.model.name,
+                                   self.protocol, f"worker: {one_line(why)}", round_=self.round,
+                                   hint_level=self.hint_level, arm=self.arm)
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,14 @@ import markupsafe
 
 from runner import __version__
 from runner.app.outputs import write_error
+from runner.app.report import GRADED_COLUMNS
 from runner.app.runs import atomic_write, load_results, results_file
 from runner.app.signals import Interrupted
-from runner.app.stats import wilson
+from runner.app.stats import deciding, pass_count, verdict_counts, wilson
+from runner.core import layout
 from runner.core.cassette import Cassette, digest
+from runner.core.episode import GRADED_FIELDS
+from runner.core.episode import Episode as Result
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, RunCommand, Violation
@@ -50,7 +54,7 @@ from runner.core.text import one_line, printable
 
 log = logging.getLogger("rootbench.report")
 
-REPORT_NAME = "report.html"
+REPORT_NAME = layout.REPORT
 LONG_OUTPUT_LINES = 12  # longer command output is folded
 LONG_OUTPUT_CHARS = 1200
 # Any one text shown (an output, a reply, a task): real runs cap outputs at the scenario's
@@ -334,6 +338,7 @@ class Episode:
     trajectory: Trajectory | None = None
     problem: str = ""  # why there is no trajectory
     anchor: str = ""
+    result: Result | None = None  # ``data`` read as an Episode (None: it is not one, e.g. cut short)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
@@ -345,6 +350,10 @@ class Episode:
     @property
     def round(self) -> int:
         return _int(self.data.get("round"))
+
+    @property
+    def hint_level(self) -> int:
+        return _int(self.data.get("hint_level"))
 
     @property
     def verdict(self) -> str:
@@ -382,22 +391,34 @@ class Run:
     episodes: list[Episode] = field(default_factory=list)
 
 
+def _as_result(data: dict[str, Any]) -> Result | None:
+    """A verdict line as an Episode, or None when it is not one (a cassette is a file handed
+    over: any field may be of any type)."""
+    try:
+        return Result.from_dict(data)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def _episode_from_cassette(path: Path) -> Episode:
+    named = layout.parse_cassette_name(path.name)
+    scenario = named.scenario if named else layout.cassette_stem(path)
     try:
         traj = load_trajectory(path)
     except InvalidInput as exc:
-        return Episode({"scenario": path.stem, "verdict": "incomplete"}, problem=text(exc))
+        return Episode({"scenario": scenario, "verdict": "incomplete"}, problem=text(exc))
     data = dict(traj.verdict or {})
     data.pop("type", None)
     if not data:
         n = len(traj.turns)
-        data = {"scenario": traj.scenario.get("id") or path.stem, "verdict": "incomplete",
-                "round": traj.header.get("round", 0), "model": traj.model_name,
-                "protocol": traj.protocol, "turns": n,
+        data = {"scenario": traj.scenario.get("id") or scenario, "verdict": "incomplete",
+                "round": traj.header.get("round", 0), "hint_level": traj.header.get("hint_level", 0),
+                "model": traj.model_name, "protocol": traj.protocol, "turns": n,
                 "commands": sum(len(t.commands) for t in traj.turns),
                 "reason": f"the cassette was cut short: it ends after {n} "
                           f"turn{'' if n == 1 else 's'}, before a verdict"}
-    return Episode(data, traj)
+        return Episode(data, traj)
+    return Episode(data, traj, result=_as_result(data))
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -417,12 +438,14 @@ def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]
     ``cassettes/`` pointing out) is never opened.
     """
     root = run_dir.resolve()
-    name = f"{ep.get('scenario')}.r{_int(ep.get('round'))}.jsonl"
     arm = ep.get("arm") if isinstance(ep.get("arm"), str) else None
-    candidates = [run_dir / "cassettes" / name] if arm is None else []
-    if isinstance(ep.get("cassette"), str):
+    candidates = []
+    if isinstance(ep.get("scenario"), str):  # where the bench put it: the level's own cassette
+        candidates.append(layout.cassette_path(run_dir, ep["scenario"], _int(ep.get("round")),
+                                               _int(ep.get("hint_level")), arm))
+    if isinstance(ep.get("cassette"), str):  # a run directory moved: the recorded name in it
         recorded = Path(ep["cassette"])
-        candidates += [recorded, run_dir / "cassettes" / (arm or "") / recorded.name]
+        candidates += [recorded, layout.arm_folder(run_dir / layout.CASSETTES, arm) / recorded.name]
     outside = False
     for c in candidates:
         try:
@@ -448,10 +471,10 @@ def load_run_dir(run_dir: Path | str) -> Run:
         data = ep.to_dict()
         cassette, why = _find_cassette(run_dir, data)
         if cassette is None:
-            run.episodes.append(Episode(data, problem=why))
+            run.episodes.append(Episode(data, problem=why, result=ep))
             continue
         read = _episode_from_cassette(cassette)
-        run.episodes.append(Episode(data, read.trajectory, read.problem))
+        run.episodes.append(Episode(data, read.trajectory, read.problem, result=ep))
     return run
 
 
@@ -569,15 +592,17 @@ def _budget(b: dict[str, Any]) -> str:
 
 
 def _counts(run: Run) -> dict[str, int]:
-    c = Counter(ep.verdict for ep in run.episodes)
-    out = {v.value: c.get(v.value, 0) for v in Verdict}
-    if c.get("incomplete"):
-        out["incomplete"] = c["incomplete"]
+    """Episodes per verdict (:func:`verdict_counts`), and the cassettes cut short before one."""
+    out = verdict_counts([ep.result for ep in run.episodes if ep.result is not None])
+    if incomplete := sum(ep.result is None for ep in run.episodes):
+        out["incomplete"] = incomplete
     return out
 
 
-# Columns another part of the harness may add to Episode; shown when any episode has them.
-OPTIONAL_COLUMNS = (("score", "score"), ("hint_level", "assist"), ("fixed_at", "time to fix"))
+# Columns another part of the harness may add to Episode; shown when any episode has them. The
+# hint level is the level the episode ran at; a round's assist (the lowest level that passed,
+# see runner.app.stats) is what the heat map shows.
+OPTIONAL_COLUMNS = (("hint_level", "hint level"), *GRADED_COLUMNS)
 
 
 def _optional_columns(runs: Sequence[Run]) -> list[tuple[str, str]]:
@@ -596,7 +621,7 @@ def _cell(key: str, value: Any) -> str:
     if key == "fixed_at" and n is not None:
         return f"{n:.1f} s"
     if n is not None:
-        return f"{n:g}" if key != "score" else f"{n:.2f}"
+        return f"{n:.2f}" if key in ("score", "milestone_fraction") else f"{n:g}"
     return _fmt(value)
 
 
@@ -614,23 +639,38 @@ def _row(ep: Episode, optional: list[tuple[str, str]]) -> dict[str, Any]:
     }
 
 
+def _deciding(run: Run) -> dict[tuple[str, int], Episode]:
+    """Per (scenario, round), the episode its heat map cell shows: the one that decides the round
+    (:func:`runner.app.stats.deciding`: in a ladder, the pass at the lowest level, else the last
+    level tried); a round of cassettes cut short only, its last one."""
+    cells = {(ep.scenario, ep.round): ep for ep in run.episodes}  # every round has a cell
+    by_result = {id(ep.result): ep for ep in run.episodes if ep.result is not None}
+    for key, result in deciding([ep.result for ep in run.episodes if ep.result]).items():
+        cells[key] = by_result[id(result)]
+    return cells
+
+
 def _heatmap(runs: Sequence[Run]) -> dict[str, Any]:
-    """Scenarios (rows) by run and round (columns); each cell a verdict and a link to it."""
+    """Scenarios (rows) by run and round (columns); each cell the round's verdict, the hint level
+    it passed at when above 0, and a link to that episode."""
     scenarios = list(dict.fromkeys(ep.scenario for run in runs for ep in run.episodes))
     columns = []
     for i, run in enumerate(runs):
         for r in sorted({ep.round for ep in run.episodes}):
             columns.append((i, r, f"r{r + 1}"))
-    cells = {(i, ep.scenario, ep.round): ep for i, run in enumerate(runs) for ep in run.episodes}
+    cells = {(i, *key): ep for i, run in enumerate(runs) for key, ep in _deciding(run).items()}
     rows = []
     for s in scenarios:
         row = []
         for i, r, _label in columns:
             ep = cells.get((i, s, r))
-            row.append({"verdict": ep.verdict, "anchor": ep.anchor} if ep else None)
+            row.append({"verdict": ep.verdict, "anchor": ep.anchor,
+                        "level": ep.hint_level if ep.verdict == Verdict.PASS.value else 0}
+                       if ep else None)
         rows.append({"scenario": s, "cells": row})
     groups = Counter(i for i, _r, _l in columns)
     return {"columns": columns, "rows": rows,
+            "leveled": any(c and c["level"] for row in rows for c in row["cells"]),
             "groups": [(runs[i].label, groups[i]) for i in sorted(groups)]}
 
 
@@ -681,14 +721,13 @@ def plots(runs: Sequence[Run]) -> list[Plot] | None:
             for i, run in enumerate(runs):
                 rates, lo, hi, counts = [], [], [], []
                 for s in scenarios:
-                    scored = [ep for ep in run.episodes if ep.scenario == s
-                              and ep.verdict in (Verdict.PASS.value, Verdict.FAIL.value)]
-                    k = sum(ep.verdict == Verdict.PASS.value for ep in scored)
-                    rate = k / len(scored) if scored else 0.0
-                    ci = _interval(k, len(scored))
+                    k, n = pass_count([ep.result for ep in run.episodes
+                                       if ep.scenario == s and ep.result is not None])
+                    rate = k / n if n else 0.0
+                    ci = _interval(k, n)
                     any_interval |= ci is not None
                     rates.append(rate)
-                    counts.append(f"{k}/{len(scored)}" if scored else "not scored")
+                    counts.append(f"{k}/{n}" if n else "not scored")
                     lo.append(rate - ci[0] if ci else 0.0)
                     hi.append(ci[1] - rate if ci else 0.0)
                 ys = [j + i * height for j in range(len(scenarios))]
@@ -701,7 +740,7 @@ def plots(runs: Sequence[Run]) -> list[Plot] | None:
                           [s[:40] for s in scenarios])
             ax.invert_yaxis()
             ax.set_xlim(0, 1)
-            ax.set_xlabel("pass rate (pass / (pass + fail))"
+            ax.set_xlabel("pass rate of first tries (pass / (pass + fail))"
                           + (", 95% Wilson interval" if any_interval else ""))
             if len(runs) > 1:
                 ax.legend(loc="lower right", fontsize=7)
@@ -848,8 +887,8 @@ def render(runs: Sequence[Run], title: str = "rootbench report") -> str:
 
 def _extra_fields(ep: Episode) -> list[tuple[str, str]]:
     """Fields other parts of the harness add to an episode (score, milestones, ...), as text."""
-    out = [(text(key), _fmt(ep.get(key))) for key in ("score", "hint_level", "fixed_at", "milestones")
-           if ep.get(key) not in (None, [], {})]
+    out = [(text(key), _fmt(ep.get(key))) for key in ("hint_level", *GRADED_FIELDS)
+           if ep.get(key) is not None and ep.get(key) is not False and ep.get(key) not in ([], {})]
     if phases := _phases_text(ep.get("phases")):
         out.append(("phases", phases))
     return out

@@ -39,6 +39,7 @@ from typing import Any
 
 from runner.app.episodes import RunOptions, run_one
 from runner.app.runs import new_run_dir, write_results
+from runner.core import layout
 from runner.core.agent_api import BridgeModel, EpisodeOver
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
@@ -84,7 +85,7 @@ class EpisodeRun:
         self.bridge = bridge
         self.episode: Episode | None = None
         self.done = threading.Event()
-        self.cassette = run_dir / "cassettes" / f"{scenario.id}.r0.jsonl"
+        self.cassette = layout.cassette_path(run_dir, scenario.id, 0, hint_level)
         self._info = {"agent": {"kind": bridge.agent.value, **agent_info},
                       "options": {"accel": opts.accel, "transport": opts.transport,
                                   "hints": hint_level, "track_fix": opts.track_fix},

@@ -18,7 +18,7 @@ from typing import Any
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette
 from runner.core.clock import Clock
-from runner.core.episode import Episode, run_episode
+from runner.core.episode import GRADED_FIELDS, Episode, run_episode
 from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.outcomes import AgentKind, ReplayResult
 from runner.core.protocol import Protocol, get_protocol
@@ -240,9 +240,10 @@ def _verdict_text(verdict: str, flags: list[str]) -> str:
     return verdict + (f" [{','.join(flags)}]" if flags else "")
 
 
-# Graded fields a verdict records, compared when the recording has them (older ones do not).
-# Timings (seconds, phases, started/ended) are not graded: they differ on every run.
-_GRADED = ("score", "milestones", "hint_level", "regressed", "failed_recheck")
+# What a replay must reproduce of a verdict, when the recording has it (older ones do not): the
+# graded figures (:data:`GRADED_FIELDS`) and the hint level the header asked for. Timings
+# (seconds, phases, started/ended) are not compared: they differ on every run.
+_COMPARED = ("hint_level", *GRADED_FIELDS)
 
 
 def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) -> str | None:
@@ -252,18 +253,16 @@ def _graded_difference(recorded: dict[str, Any], ep: Episode, *, offline: bool) 
     score, the milestones reached, the hint level and fix tracking. The time of
     the fix is compared offline only (a live replay runs on its own clock).
     """
-    for key in _GRADED:
-        if key in recorded and recorded[key] != getattr(ep, key):
+    for key in _COMPARED:
+        if key not in recorded:
+            continue
+        was, now = recorded[key], getattr(ep, key)
+        if key == "fixed_at":
+            keys = ("turn", "seconds") if offline else ("turn",)
+            was, now = (None if fix is None else {k: fix.get(k) for k in keys}
+                        for fix in (was, now))
+        if was != now:
             return f"{key}: recorded {recorded[key]!r}, replayed {getattr(ep, key)!r}"
-    if "fixed_at" in recorded:
-        was, now = recorded["fixed_at"], ep.fixed_at
-        keys = ("turn", "seconds") if offline else ("turn",)
-
-        def compared(fix: dict[str, Any] | None) -> dict[str, Any] | None:
-            return None if fix is None else {k: fix.get(k) for k in keys}
-
-        if compared(was) != compared(now):
-            return f"fixed_at: recorded {was!r}, replayed {now!r}"
     return None
 
 

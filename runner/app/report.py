@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.stats import Interval, Summary, assists, summarize
+from runner.app.stats import Interval, Summary, assists, model_speed, summarize, verdict_counts
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
 from runner.core.text import printable
@@ -36,10 +35,25 @@ def _row(ep: Episode) -> list[Any]:
 HEADERS = ["scenario", "verdict", "seconds", "turns", "commands", "tokens in/out", "flags"]
 
 
+# The graded fields (runner.core.episode.GRADED_FIELDS) that get a column in the tables, the
+# terminal's and the HTML report's, with its title; shown when any episode has a value.
+GRADED_COLUMNS = (("score", "score"), ("milestone_fraction", "milestones"),
+                  ("fixed_at", "time to fix"))
+_GRADED_CELL: dict[str, Callable[[Episode], str | None]] = {
+    "score": lambda ep: None if ep.score is None else f"{ep.score:.2f}",
+    "milestone_fraction": lambda ep: None if ep.milestone_fraction is None
+    else f"{ep.milestone_fraction:.2f}",
+    "fixed_at": lambda ep: None if not ep.fixed_at
+    else f"turn {ep.fixed_at['turn']}, {ep.fixed_at['seconds']:.1f}s"
+    + (" regressed" if ep.regressed else ""),
+}
+
+
 def _graded(episodes: Sequence[Episode],
             ladder: bool = False) -> tuple[list[str], list[list[str]]]:
-    """The grading columns the runs have something in: hint level and assist (always with
-    ``ladder``), score, milestones, time to fix; an old results file with none of them gets none."""
+    """The grading columns the runs have something in: the hint level each episode ran at and
+    its round's assist (the lowest level that passed; both always with ``ladder``), score,
+    milestones, time to fix; an old results file with none of them gets none."""
     headers: list[str] = []
     cells: list[list[str]] = [[] for _ in episodes]
     if ladder or any(ep.hint_level for ep in episodes):
@@ -48,16 +62,8 @@ def _graded(episodes: Sequence[Episode],
         for row, ep in zip(cells, episodes, strict=True):
             level = helped.get((ep.scenario, ep.round))
             row += [str(ep.hint_level), "-" if level is None else str(level)]
-    columns = (
-        ("score", lambda ep: None if ep.score is None else f"{ep.score:.2f}"),
-        ("milestones", lambda ep: None if ep.milestone_fraction is None
-         else f"{ep.milestone_fraction:.2f}"),
-        ("fixed at", lambda ep: None if not ep.fixed_at
-         else f"turn {ep.fixed_at['turn']}, {ep.fixed_at['seconds']:.1f}s"
-         + (" regressed" if ep.regressed else "")),
-    )
-    for title, cell in columns:
-        values = [cell(ep) for ep in episodes]
+    for key, title in GRADED_COLUMNS:
+        values = [_GRADED_CELL[key](ep) for ep in episodes]
         if any(v is not None for v in values):
             headers.append(title)
             for row, v in zip(cells, values, strict=True):
@@ -65,14 +71,8 @@ def _graded(episodes: Sequence[Episode],
     return headers, cells
 
 
-def summary_counts(episodes: Sequence[Episode]) -> dict[str, int]:
-    """How many runs ended with each verdict, keyed by the verdict's spelling."""
-    counts = Counter(ep.verdict for ep in episodes)
-    return {v.value: counts[v] for v in Verdict}
-
-
 def summary_line(episodes: Sequence[Episode]) -> str:
-    c = summary_counts(episodes)
+    c = verdict_counts(episodes)
     return f"{len(episodes)} runs: " + ", ".join(f"{n} {v}" for v, n in c.items())
 
 
@@ -81,7 +81,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     """The results table (or JSON) for the terminal; ``ladder`` shows the assist column even
     when every round passed unaided."""
     if fmt == "json":
-        return json.dumps({"summary": summary_counts(episodes),
+        return json.dumps({"summary": verdict_counts(episodes),
                            "statistics": summarize(episodes).to_dict(),
                            "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
@@ -95,10 +95,8 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
                      # the graded cells are formatted already ("1.00" must not become 1)
                      disable_numparse=list(range(first, first + len(extra))))
     lines = [table, "", summary_line(episodes)]
-    tps = [(ep.prompt_tps, ep.gen_tps) for ep in episodes if ep.prompt_tps and ep.gen_tps]
-    if tps:
-        p = sum(t[0] for t in tps) / len(tps)
-        g = sum(t[1] for t in tps) / len(tps)
+    if (speed := model_speed(episodes)) is not None:
+        p, g = speed
         lines.append(f"model speed: prompt {p:.0f} tok/s, generation {g:.1f} tok/s (mean of runs)")
     why = [f"  {printable(ep.scenario)}: {printable(ep.reason)}" for ep in episodes
            if not ep.verdict.scored and ep.reason]
@@ -116,7 +114,7 @@ def render_rows(headers: list[str], rows: list[list[Any]], fmt: str = "github") 
 
 def junit_xml(episodes: Sequence[Episode], suite: str = "rootbench") -> str:
     """JUnit XML, so CI systems show each scenario as a test case."""
-    c = summary_counts(episodes)
+    c = verdict_counts(episodes)
     root = ET.Element("testsuite", name=suite, tests=str(len(episodes)),
                       failures=str(c[Verdict.FAIL.value]),
                       errors=str(c[Verdict.INFRA_ERROR.value] + c[Verdict.INVALID_SCENARIO.value]),

@@ -1,13 +1,14 @@
 """Run directories: where a bench keeps what it did, written so nothing finished is ever lost.
 
-A run directory::
+A run directory (every name in it is :mod:`runner.core.layout`'s)::
 
     runs/<stamp>-<label>/
       run.json          what was asked (for --resume)
       results.json      every finished episode, rewritten atomically after each one
       results.xml       the same as JUnit XML
-      cassettes/<scenario>.r<round>.jsonl
-      cassettes/<arm>/<scenario>.r<round>.jsonl   (a matrix bench: one folder per model-protocol)
+      report.html       the same for people
+      cassettes/<scenario>.r<round>[.h<level>].jsonl
+      cassettes/<arm>/<scenario>.r<round>[.h<level>].jsonl   (a matrix bench: one folder per arm)
       logs/llama-server.log
 
 Files are written atomically (temp file, fsync, rename): a crash never
@@ -30,8 +31,9 @@ from typing import Any
 
 import jsonschema
 
-from runner.app.report import junit_xml, summary_counts
-from runner.app.stats import summarize
+from runner.app.report import junit_xml
+from runner.app.stats import summarize, verdict_counts
+from runner.core import layout
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
@@ -129,15 +131,15 @@ def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Ep
     interval, pass@k, mean score with its bootstrap interval; the structure is
     documented at :meth:`runner.app.stats.Statistics.to_dict`) and ``episodes``.
     """
-    data: dict[str, Any] = {"run": run_info, "summary": summary_counts(episodes),
+    data: dict[str, Any] = {"run": run_info, "summary": verdict_counts(episodes),
                             "statistics": summarize(episodes).to_dict()}
     arms = list(dict.fromkeys(ep.arm for ep in episodes if ep.arm))
     if arms:  # a matrix bench: the statistics of each arm too (the overall ones mix them)
         data["statistics_by_arm"] = {a: summarize([ep for ep in episodes if ep.arm == a]).to_dict()
                                      for a in arms}
     data["episodes"] = [ep.to_dict() for ep in episodes]
-    atomic_write(run_dir / "results.json", json.dumps(data, indent=2, default=str) + "\n")
-    atomic_write(run_dir / "results.xml", junit_xml(episodes) + "\n")
+    atomic_write(run_dir / layout.RESULTS, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write(run_dir / layout.RESULTS_XML, junit_xml(episodes) + "\n")
 
 
 class _NotANumber:
@@ -194,7 +196,7 @@ def results_file(run_dir: Path, what: str = "a run directory") -> Path:
     (an open would wait for a writer forever).
     """
     run_dir = Path(run_dir)
-    path = run_dir / "results.json"
+    path = run_dir / layout.RESULTS
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -221,7 +223,7 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
     to read) is :class:`InvalidInput` naming the file and the field: a resume
     must never guess what a broken file meant, and a report never show it.
     """
-    path = Path(run_dir) / "results.json"
+    path = Path(run_dir) / layout.RESULTS
     if not path.exists() and not path.is_symlink():
         return {}, []
     path = results_file(Path(run_dir))
@@ -242,8 +244,7 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
         assert best is not None
         raise InvalidInput(one_line(best.message, 160), path=str(path),
                            field=_field(list(best.absolute_path)))
-    fields = set(Episode.__dataclass_fields__)
-    episodes = [Episode(**{k: v for k, v in e.items() if k in fields}) for e in data["episodes"]]
+    episodes = [Episode.from_dict(e) for e in data["episodes"]]
     run = data.get("run")
     return (run if isinstance(run, dict) else {}), episodes
 

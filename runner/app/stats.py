@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import math
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,6 @@ from runner.core.outcomes import Verdict
 
 CONFIDENCE = 0.95  # every interval rootbench shows, unless asked otherwise
 RESAMPLES = 9999  # bootstrap resamples (scipy's default)
-ASSIST_FIELDS = ("hint_level", "assist_level")  # episode fields that say how much help the model had
 
 
 # --- the estimators ---------------------------------------------------------------------------
@@ -165,30 +165,46 @@ def score_of(ep: Episode) -> float | None:
     return 1.0 if ep.verdict is Verdict.PASS else 0.0
 
 
-def assist_of(ep: Episode) -> float | None:
-    """How much help the model had (the hint level), when the episode records it."""
-    for name in ASSIST_FIELDS:
-        value = _number(getattr(ep, name, None))
-        if value is not None:
-            return value
-    return None
+# Two words, one meaning each, wherever rootbench shows them:
+# - the *hint level* of an episode (``Episode.hint_level``) is how many of the scenario's hints
+#   its task carried: what it ran at;
+# - the *assist* of a round (:func:`assists`) is the lowest hint level at which the round passed:
+#   how much help the model needed (None: it never passed).
+
+RoundKey = tuple[str, int]  # (scenario, round): the episodes of one round, every hint level
 
 
-def assists(episodes: Sequence[Episode]) -> dict[tuple[str, int], int | None]:
-    """Per (scenario, round): the lowest hint level that passed, None when none did.
+def deciding(episodes: Sequence[Episode]) -> dict[RoundKey, Episode]:
+    """Per (scenario, round), the episode that decides the round: its pass at the lowest hint
+    level, else (no level passed) its episode at the highest level tried. Without a ladder every
+    round is one episode, which decides it."""
+    out: dict[RoundKey, Episode] = {}
+    for ep in episodes:
+        key = (ep.scenario, ep.round)
+        best = out.get(key)
+        if best is None:
+            out[key] = ep
+        elif ep.verdict is Verdict.PASS:
+            if best.verdict is not Verdict.PASS or ep.hint_level < best.hint_level:
+                out[key] = ep
+        elif best.verdict is not Verdict.PASS and ep.hint_level >= best.hint_level:
+            out[key] = ep
+    return out
+
+
+def assists(episodes: Sequence[Episode]) -> dict[RoundKey, int | None]:
+    """Per (scenario, round): its assist, the lowest hint level that passed, None when none did.
 
     With ``--ladder`` this is how much help the model needed: 0 solved it
     unaided, k needed the first k hints, None never solved it.
     """
-    out: dict[tuple[str, int], int | None] = {}
-    for ep in episodes:
-        key = (ep.scenario, ep.round)
-        best = out.get(key)
-        if ep.verdict is Verdict.PASS and (best is None or ep.hint_level < best):
-            out[key] = ep.hint_level
-        else:
-            out.setdefault(key, None)
-    return out
+    return {key: ep.hint_level if ep.verdict is Verdict.PASS else None
+            for key, ep in deciding(episodes).items()}
+
+
+def hinted(episodes: Sequence[Episode]) -> bool:
+    """Whether any scored episode ran with hints: a run where the assist means something."""
+    return any(e.hint_level for e in episodes if e.verdict.scored)
 
 
 def first_tries(episodes: Sequence[Episode]) -> list[Episode]:
@@ -208,6 +224,29 @@ def first_tries(episodes: Sequence[Episode]) -> list[Episode]:
             first[key] = ep
     chosen = {id(e) for e in first.values()}
     return [e for e in episodes if id(e) in chosen]
+
+
+def pass_count(episodes: Sequence[Episode]) -> tuple[int, int]:
+    """``(passes, n)`` over the first tries (:func:`first_tries`): the pass rate every table and
+    plot shows is ``passes / n`` (no first try scored: ``n`` is 0)."""
+    scored = first_tries(episodes)
+    return sum(e.verdict is Verdict.PASS for e in scored), len(scored)
+
+
+def verdict_counts(episodes: Sequence[Episode]) -> dict[str, int]:
+    """How many episodes ended with each verdict, keyed by the verdict's spelling, every verdict
+    present (0 when none ended so)."""
+    counts = Counter(ep.verdict for ep in episodes)
+    return {v.value: counts[v] for v in Verdict}
+
+
+def model_speed(episodes: Sequence[Episode]) -> tuple[float, float] | None:
+    """The mean prompt and generation speed (tokens a second) of the episodes that timed both
+    (``Episode.prompt_tps``, ``Episode.gen_tps``); None when none did."""
+    tps = [(p, g) for p, g in ((ep.prompt_tps, ep.gen_tps) for ep in episodes) if p and g]
+    if not tps:
+        return None
+    return sum(p for p, _g in tps) / len(tps), sum(g for _p, g in tps) / len(tps)
 
 
 def _number(value: Any) -> float | None:
@@ -307,8 +346,7 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
     solved at level 0, not as "no hints given"), decided over the whole run by the caller."""
     every_scored = [e for e in episodes if e.verdict.scored]  # every hint level
     scored = first_tries(every_scored)
-    passes = sum(e.verdict is Verdict.PASS for e in scored)
-    n = len(scored)
+    passes, n = pass_count(scored)
     scores = [s for s in (score_of(e) for e in scored) if s is not None]
     helped = [float(lv) for lv in assists(every_scored).values()
               if lv is not None] if hinted else []
@@ -338,13 +376,13 @@ def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> St
     by: dict[str, list[Episode]] = {}
     for ep in episodes:
         by.setdefault(ep.scenario, []).append(ep)
-    hinted = any(assist_of(e) for e in episodes if e.verdict.scored)
-    per = [_summary(scenario, eps, confidence, hinted=hinted) for scenario, eps in by.items()]
+    helped = hinted(episodes)
+    per = [_summary(scenario, eps, confidence, hinted=helped) for scenario, eps in by.items()]
     with_scores = [s for s in per if s.scored]  # overall pass@k: over scenarios with first tries
     k_max = min((s.scored for s in with_scores), default=0)
     overall_k = {k: float(np.mean([s.pass_at_k[k] for s in with_scores]))
                  for k in range(1, k_max + 1)}
-    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k, hinted=hinted))
+    return Statistics(confidence, per, _summary(None, episodes, confidence, overall_k, hinted=helped))
 
 
 # --- two runs: a paired comparison -------------------------------------------------------------
@@ -474,11 +512,11 @@ def pair_episodes(a: Sequence[Episode], b: Sequence[Episode]) -> tuple[list[Pair
     round their cassette was recorded in), the i-th run of a scenario is
     paired with the other side's i-th, by round.
     """
-    def groups(eps: Sequence[Episode]) -> dict[tuple[str, float | None], list[Episode]]:
-        out: dict[tuple[str, float | None], list[Episode]] = {}
+    def groups(eps: Sequence[Episode]) -> dict[tuple[str, int], list[Episode]]:
+        out: dict[tuple[str, int], list[Episode]] = {}
         for ep in eps:
             if ep.verdict.scored:
-                out.setdefault((ep.scenario, assist_of(ep)), []).append(ep)
+                out.setdefault((ep.scenario, ep.hint_level), []).append(ep)
         return out
 
     ga, gb = groups(a), groups(b)

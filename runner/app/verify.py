@@ -35,6 +35,7 @@ from pathlib import Path
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import slug
+from runner.core import layout
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.model import noop, oracle, scripted
@@ -49,7 +50,6 @@ log = logging.getLogger("rootbench.verify")
 EPISODE_CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
 SHORTCUTS = "shortcuts rejected"
 CHECKS = (*EPISODE_CHECKS, SHORTCUTS)
-SHORTCUT_DIR = "shortcuts"  # under --record-to: <SHORTCUT_DIR>/<scenario-id>/<slug>.jsonl
 WHY = "verify: scripted agents speak native tool calls"
 
 
@@ -166,7 +166,7 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
     why = WHY
 
     log.info("%s: noop agent", scenario.id)
-    ep = run_one(scenario, noop(), tools, why, opts, run_dir / f"{scenario.id}.noop.jsonl")
+    ep = run_one(scenario, noop(), tools, why, opts, run_dir / layout.noop_cassette_name(scenario.id))
     if ep.verdict is Verdict.INFRA_ERROR:
         v.problems.append(f"infrastructure: {ep.reason}")
         v.seconds = round(time.monotonic() - t0, 1)
@@ -183,7 +183,7 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
                           "it depends on the fault, not on what the agent does")
 
     log.info("%s: oracle agent (the solution)", scenario.id)
-    target = (record_to or run_dir) / f"{scenario.id}.jsonl"
+    target = (record_to or run_dir) / layout.oracle_cassette_name(scenario.id)
     ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target)
     v.cassette = str(target)
     ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
@@ -213,7 +213,7 @@ def shortcut_slugs(scenario: Scenario) -> list[str]:
 
 def shortcut_cassette(record_dir: Path, scenario: Scenario, index: int) -> Path:
     """Where shortcut ``index`` of ``scenario`` is recorded: beside the oracle's cassettes."""
-    return record_dir / SHORTCUT_DIR / scenario.id / f"{shortcut_slugs(scenario)[index]}.jsonl"
+    return layout.shortcut_cassette_path(record_dir, scenario.id, shortcut_slugs(scenario)[index])
 
 
 def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int = 1, *,

@@ -29,6 +29,7 @@ try:  # compiled (Rust) validation of the same schema; jsonschema still describe
 except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
     jsonschema_rs = None
 
+from runner.core import layout
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import repo_root
@@ -387,7 +388,7 @@ def find_cassettes(paths: list[str | Path],
                                  f"cannot list the folder: {exc.strerror or exc}"))
 
             for folder, _dirs, files in os.walk(p, onerror=failed):
-                here += [Path(folder) / f for f in files if f.endswith(".jsonl")]
+                here += [Path(folder) / f for f in files if f.endswith(layout.SUFFIX)]
             found.extend(sorted(here))
         else:
             found.append(p)

@@ -44,7 +44,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from runner.core.cassette import CassetteWriter
@@ -137,6 +137,23 @@ class Episode:
         # JSON may hold a whole second as 0 or 2; a copy, so the caller's dict is not shared.
         self.phases = {str(k): float(v) for k, v in self.phases.items()}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Episode:
+        """An episode read back from what :meth:`to_dict` wrote (a results file's entry, a
+        cassette's verdict line): keys it does not have (``type``, ``prompt_tps``, fields of a
+        newer harness) are left out, plain strings become the vocabulary's enums."""
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+    @classmethod
+    def infra_error(cls, scenario: str, agent: AgentKind, model: str, protocol: str,
+                    reason: str, *, round_: int = 0, hint_level: int = 0,
+                    cassette: str | None = None, arm: str | None = None) -> Episode:
+        """An episode the machinery could not run (the sandbox did not start, the worker died):
+        ``infra-error``, never counted for or against the model."""
+        return cls(scenario=scenario, agent=agent, model=model, protocol=protocol, round=round_,
+                   hint_level=hint_level, verdict=Verdict.INFRA_ERROR,
+                   stop=StopReason.INFRA_ERROR, reason=reason, cassette=cassette, arm=arm)
+
     @property
     def prompt_tps(self) -> float | None:
         evaluated = self.tokens_in - self.tokens_cached  # cached prompt tokens cost nothing
@@ -154,6 +171,15 @@ class Episode:
         d["prompt_tps"] = self.prompt_tps
         d["gen_tps"] = self.gen_tps
         return d
+
+
+_FIELDS = frozenset(f.name for f in fields(Episode))
+
+# What grading adds to a verdict (see the module docstring), in one place: a recording replayed
+# to give a run's figures takes these from the replay; a replay must reproduce each one the
+# recording has (``fixed_at``'s seconds offline only: a live replay runs on its own clock).
+GRADED_FIELDS = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed",
+                 "failed_recheck")
 
 
 def dominant_phase(phases: Mapping[str, float]) -> tuple[str, float]:
