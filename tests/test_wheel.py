@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from runner.core.paths import IMAGES_ENV, SPECS_ENV, Bundled, bundled, repo_root
+from runner.core.paths import (
+    IMAGES_ENV,
+    SPECS_ENV,
+    Bundled,
+    bundled,
+    default_spec_dirs,
+    find_recipe,
+    repo_root,
+)
 
 pytestmark = pytest.mark.wheel
 
@@ -192,3 +200,28 @@ def test_a_checkout_reads_its_own_top_level_folders() -> None:
     assert not (ROOT / "runner" / "_data").exists()
     for kind in Bundled:
         assert bundled(kind) == ROOT / kind.value
+
+
+def test_the_users_recipe_wins_over_the_bundled_one_of_the_same_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.backends.images import load_recipe
+
+    bundled_recipe = load_recipe("debian-12-nginx")
+    text = (ROOT / "images" / "debian-12-nginx.yaml").read_text()
+    assert "\nmemory_mib: 256\n" in text
+    (tmp_path / "debian-12-nginx.yaml").write_text(text.replace("memory_mib: 256", "memory_mib: 384"))
+    monkeypatch.setenv(IMAGES_ENV, str(tmp_path))
+    mine = load_recipe("debian-12-nginx")
+    assert mine.path == tmp_path / "debian-12-nginx.yaml" and mine.memory_mib == 384
+    assert mine.key != bundled_recipe.key  # its own cache entry, never the bundled image's
+    assert find_recipe("../specs/nginx-stopped") is None  # a spec's image never names a path
+
+
+def test_rootbench_specs_lists_folders_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv(SPECS_ENV, f"{a}{os.pathsep}{os.pathsep}{b}")
+    assert default_spec_dirs() == [a, b]
+    monkeypatch.setenv(SPECS_ENV, "")
+    assert default_spec_dirs() == [ROOT / "specs"]
