@@ -1,4 +1,4 @@
-"""What the per-user cache holds, and which of it this checkout still uses.
+"""What the per-user cache holds, and which of it this install still uses.
 
 Every artefact is keyed by its inputs, so a changed recipe, QEMU, snapshot
 format or pinned model leaves the old build behind rather than reusing it.
@@ -18,7 +18,7 @@ from runner.backends.cachedir import cache_root, lock_path
 from runner.backends.images import find_image, image_dir, load_recipe
 from runner.backends.llama import MODELS, build_dir, model_path
 from runner.backends.snapshot import snapshot_dir
-from runner.core.paths import repo_root
+from runner.core.paths import recipe_names
 
 KINDS = ("images", "snapshots", "llama-server", "models")  # apt-archives and hostinfo are always kept
 UNFINISHED_GRACE_S = 24 * 3600
@@ -56,9 +56,9 @@ def _current() -> set[Path]:
     llama = build_dir()
     keep = {llama, llama.with_name(llama.name + ".build.log"), *(model_path(name) for name in MODELS)}
     have_qemu = shutil.which("qemu-system-x86_64") is not None  # snapshot keys name its version
-    for recipe_file in sorted((repo_root() / "images").glob("*.yaml")):
-        keep.add(image_dir(load_recipe(recipe_file.stem)))
-        built = find_image(recipe_file.stem)
+    for name in recipe_names():
+        keep.add(image_dir(load_recipe(name)))
+        built = find_image(name)
         if built is not None and have_qemu:
             keep.update(snapshot_dir(built, accel) for accel in ("kvm", "tcg"))
     snapshots = cache_root() / "snapshots"

@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
                         "recorded spec), instead of reporting it spec-changed")
     p.add_argument("--specs", action="append", metavar="DIR",
                    help="where today's specs are, to check the recorded ones against "
-                        "(default: specs/ of this checkout; may be given several times)")
+                        "(default: $ROOTBENCH_SPECS, else the bundled specs/; may be given several times)")
     _format_arg(p)
     _vm_args(p)
 

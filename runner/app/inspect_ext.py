@@ -43,7 +43,6 @@ from runner.app.runs import new_run_dir
 from runner.core.agent_api import BridgeModel, EpisodeOver
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
-from runner.core.paths import repo_root
 from runner.core.protocol import BASE_PROMPT
 from runner.core.spec import default_specs, load_spec, load_specs, select, task_text
 
@@ -194,7 +193,7 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
     """rootbench's scenarios as an Inspect task.
 
     ``scenarios``: comma-separated scenario ids (default: all); ``specs``: a
-    spec folder (default: the checkout's ``specs/``); ``hints``: the first K
+    spec folder (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios); ``hints``: the first K
     hints appended to each task; ``epochs``: runs per scenario.
     """
     folders = [Path(specs)] if specs else default_specs()
@@ -214,4 +213,4 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
                 solver=[system_message(BASE_PROMPT),
                         use_tools(bash(timeout=60)), generate()],
                 scorer=verdict(), epochs=epochs, sandbox=NAME,
-                metadata={"harness": "rootbench", "root": str(repo_root())})
+                metadata={"harness": "rootbench", "specs": [str(f) for f in folders]})

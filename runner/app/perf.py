@@ -33,7 +33,7 @@ from runner.core.episode import dominant_phase
 from runner.core.errors import RootbenchError
 from runner.core.model import ChatRequest
 from runner.core.outcomes import AgentKind, Verdict
-from runner.core.paths import repo_root
+from runner.core.paths import Bundled, bundled
 from runner.core.protocol import BudgetLeft, JsonProtocol
 from runner.core.spec import load_specs, select
 
@@ -216,7 +216,7 @@ def _episode_seconds(events: list[dict[str, Any]]) -> float:
 
 def _oracle_figures(accel: str) -> dict[str, Any]:
     """The oracle's episodes on the three published scenarios: median wall time, and the phases."""
-    scenarios = select(load_specs([repo_root() / "specs"]), list(PUBLISHED))
+    scenarios = select(load_specs([bundled(Bundled.SPECS)]), list(PUBLISHED))
     with tempfile.TemporaryDirectory(prefix="rootbench-perf-") as tmp:
         eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel=accel),
                         Path(tmp) / "oracle")
@@ -246,7 +246,7 @@ def _verify_figures(accel: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rootbench-perf-verify-") as tmp:
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "runner", "-q", "verify", "--jobs", "2",
-                            "--accel", accel, str(repo_root() / "specs")],
+                            "--accel", accel, str(bundled(Bundled.SPECS))],
                            cwd=tmp, capture_output=True, text=True, timeout=3600)
         wall = time.monotonic() - t0
         # verify records each oracle episode (into recordings/oracle under its working
@@ -254,7 +254,7 @@ def _verify_figures(accel: str) -> dict[str, Any]:
         oracle = [Cassette.load(p).events for p in sorted((Path(tmp) / "recordings").rglob("*.jsonl"))]
         guest_s = sum(sum(_guest_durations(events)) for events in oracle)
         episode_s = sum(_episode_seconds(events) for events in oracle)
-    count = len(list((repo_root() / "specs").glob("*.yaml")))
+    count = len(list(bundled(Bundled.SPECS).glob("*.yaml")))
     out: dict[str, Any] = {"verify_suite_s": round(wall, 1), "verify_scenarios": count,
                            "verify_per_scenario_s": round(wall / max(count, 1), 1),
                            "verify_all_valid": r.returncode == 0}
@@ -266,7 +266,9 @@ def _verify_figures(accel: str) -> dict[str, Any]:
 
 
 def _replay_figures() -> dict[str, Any]:
-    paths = find_cassettes([repo_root() / "recordings"])
+    # the cassettes under the working directory's recordings/ (the checkout's committed ones
+    # when run from it, as `make perf` does): recordings are the user's, never package data
+    paths = find_cassettes([Path("recordings")])
     if not paths:
         return {"replay_offline_s": None, "turn_overhead_ms": None, "replay_cassettes": 0}
     t0 = time.monotonic()
@@ -322,7 +324,7 @@ def _scale_figures(accel: str) -> dict[str, Any]:
     the ratio (``jobs2_speedup``) is the figure, the absolute rates depend on
     the machine and on whatever else it runs.
     """
-    scenarios = select(load_specs([repo_root() / "specs"]), list(SCALE_SCENARIOS))
+    scenarios = select(load_specs([bundled(Bundled.SPECS)]), list(SCALE_SCENARIOS))
     choice = AgentChoice(kind=AgentKind.ORACLE)
     opts = RunOptions(accel=accel)
     out: dict[str, Any] = {"scale_episodes": len(scenarios)}

@@ -289,7 +289,7 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
     a real VM needs. ``allow_spec_changes`` replays a cassette whose spec has
     changed anyway, from the scenario the header recorded, saying so in the
     note. ``specs`` are the folders today's specs are looked up in by id
-    (default: the checkout's ``specs/``).
+    (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios).
     """
     cas, scenario = rep.cassette, rep.scenario
     path = str(cas.path)

@@ -36,7 +36,7 @@ from runner.app.stats import summarize, verdict_counts
 from runner.core import layout
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
-from runner.core.paths import repo_root
+from runner.core.paths import schema_path
 from runner.core.spec import read_text
 from runner.core.text import one_line
 
@@ -251,5 +251,5 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
 
 @functools.cache
 def _results_validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads((repo_root() / "schema" / "results.schema.json").read_text())
+    schema = json.loads(schema_path("results.schema.json").read_text())
     return jsonschema.Draft202012Validator(schema)

@@ -28,7 +28,7 @@ from typing import Any
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.process import run_child
 from runner.core.errors import InfraError, InvalidInput
-from runner.core.paths import repo_root
+from runner.core.paths import find_recipe, image_dirs, recipe_names
 from runner.core.spec import parse_yaml, read_text, validate_document
 
 log = logging.getLogger("rootbench.image")
@@ -72,15 +72,13 @@ class BuiltImage:
                 "memory_mib": self.memory_mib, "built_at": self.built_at}
 
 
-def recipe_path(name: str) -> Path:
-    return repo_root() / "images" / f"{name}.yaml"
-
-
 def load_recipe(name: str) -> Recipe:
-    path = recipe_path(name)
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not path.is_file():
-        known = ", ".join(sorted(p.stem for p in (repo_root() / "images").glob("*.yaml")))
-        raise InvalidInput(f"no image recipe {name!r} (known: {known})", field="image")
+    """The recipe named ``name``: from ``$ROOTBENCH_IMAGES`` first, else the bundled one."""
+    path = find_recipe(name)
+    if path is None:
+        known = ", ".join(recipe_names())
+        where = ", ".join(str(d) for d in image_dirs())
+        raise InvalidInput(f"no image recipe {name!r} in {where} (known: {known})", field="image")
     text = read_text(path)
     data, lines = parse_yaml(text, str(path))
     validate_document(data, lines, str(path), schema="image.schema.json", what="image recipe")

@@ -32,7 +32,7 @@ except ImportError:  # a platform without its wheel: the pure-Python validator a
 from runner.core import layout
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
-from runner.core.paths import repo_root
+from runner.core.paths import schema_path
 
 FORMAT_VERSION = 1
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024  # the longest committed cassette is well under 1 MiB
@@ -334,7 +334,7 @@ def _dotted(path: list[Any]) -> str:
 
 @functools.cache
 def _schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((repo_root() / "schema" / "cassette.schema.json").read_text("utf-8"))
+    schema: dict[str, Any] = json.loads(schema_path("cassette.schema.json").read_text("utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema
 

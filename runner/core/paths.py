@@ -1,10 +1,103 @@
-"""Where the checkout's data lives: ``specs/``, ``images/``, ``schema/``, ``recordings/``."""
+"""Where rootbench's data lives, installed from a wheel or run from a checkout.
+
+Two kinds of data, kept apart on purpose:
+
+* **Package data**, read-only and shipped with the code: the JSON schemas
+  (``schema/``), the image recipes (``images/``) and the bundled scenarios
+  (``specs/``). A checkout keeps them at its top level, and an editable install
+  or ``python -m runner`` reads them there in place (an edit shows at once); a
+  wheel carries them inside the package as ``runner/_data/<name>/``
+  (pyproject.toml maps them there), so ``rootbench`` works from any folder.
+* **The user's**: their own scenarios (paths on the command line, ``--specs``,
+  or ``$ROOTBENCH_SPECS``), their own image recipes (``$ROOTBENCH_IMAGES``,
+  looked in before the bundled ones), and what runs write (``runs/``,
+  ``recordings/``), relative to the working directory like any output.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from enum import Enum
 from pathlib import Path
+
+from runner.core.errors import InvalidInput
+
+SPECS_ENV = "ROOTBENCH_SPECS"  # the default scenario folders, os.pathsep-separated
+IMAGES_ENV = "ROOTBENCH_IMAGES"  # image recipe folders looked in before the bundled one
+
+_PACKAGE = Path(__file__).resolve().parent.parent  # runner/
+_INSTALLED = _PACKAGE / "_data"  # present only in a wheel's install
+
+
+class Bundled(str, Enum):
+    """The package data folders, by their name in a checkout."""
+
+    SCHEMA = "schema"
+    IMAGES = "images"
+    SPECS = "specs"
 
 
 def repo_root() -> Path:
-    """The checkout (the folder that holds ``runner/``)."""
-    return Path(__file__).resolve().parent.parent.parent
+    """The checkout (the folder that holds ``runner/``).
+
+    Only for what exists in a checkout alone (the tests, the committed
+    cassettes); installed from a wheel this is site-packages. Package data is
+    found with :func:`bundled`.
+    """
+    return _PACKAGE.parent
+
+
+def bundled(kind: Bundled) -> Path:
+    """The folder of one kind of package data: the wheel's copy if installed, else the checkout's."""
+    installed = _INSTALLED / kind.value
+    return installed if installed.is_dir() else _PACKAGE.parent / kind.value
+
+
+def schema_path(name: str) -> Path:
+    """A JSON schema shipped with rootbench (``cassette.schema.json``, ...)."""
+    return bundled(Bundled.SCHEMA) / name
+
+
+def _env_dirs(var: str) -> list[Path]:
+    """The folders an environment variable lists (os.pathsep-separated; empty entries skipped).
+
+    A listed folder that is not one is bad input, named with the variable: a
+    typo must not silently fall back to the bundled data.
+    """
+    dirs = [Path(part) for part in os.environ.get(var, "").split(os.pathsep) if part.strip()]
+    for d in dirs:
+        if not d.is_dir():
+            raise InvalidInput("no such directory" if not d.exists() else "not a directory",
+                               path=str(d), field=var)
+    return dirs
+
+
+def default_spec_dirs() -> list[Path]:
+    """Where scenarios are read when none are named: ``$ROOTBENCH_SPECS``, else the bundled ones."""
+    return _env_dirs(SPECS_ENV) or [bundled(Bundled.SPECS)]
+
+
+def image_dirs() -> list[Path]:
+    """Where image recipes are looked up, first match wins: ``$ROOTBENCH_IMAGES``, then the bundled."""
+    return [*_env_dirs(IMAGES_ENV), bundled(Bundled.IMAGES)]
+
+
+def find_recipe(name: str) -> Path | None:
+    """The recipe file of image ``name`` (``<dir>/<name>.yaml`` in the first folder holding one).
+
+    None for a name that is not a plain recipe name, so a spec's ``image`` never
+    names a path.
+    """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        return None
+    for d in image_dirs():
+        path = d / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def recipe_names() -> list[str]:
+    """Every image recipe name found, sorted (a name in two folders counts once)."""
+    return sorted({p.stem for d in image_dirs() for p in d.glob("*.yaml")})

@@ -229,8 +229,8 @@ def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
 def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) -> str | None:
     """Why the spec ``cassette`` was recorded from does not prove its replay, or None if it does.
 
-    The spec is looked up by the scenario's id, in ``specs_dirs`` (default: the
-    checkout's ``specs/``), then in the cassette's own folder (a scenario kept
+    The spec is looked up by the scenario's id, in ``specs_dirs`` (default:
+    ``$ROOTBENCH_SPECS``, else the bundled scenarios), then in the cassette's own folder (a scenario kept
     outside the suite travels beside its cassette). Nothing else is read: the
     header's ``scenario.path`` is a field of a file the user handed over, so it
     is never opened (it could name any host file). A spec that cannot be found

@@ -27,7 +27,7 @@ import jsonschema
 import yaml
 
 from runner.core.errors import InvalidInput
-from runner.core.paths import repo_root
+from runner.core.paths import default_spec_dirs, find_recipe, image_dirs, schema_path
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
 from runner.core.rules import CURRENT_RULES, Rules
@@ -337,8 +337,7 @@ def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
 
 @functools.cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
-    schema_path = repo_root() / "schema" / name
-    schema = json.loads(schema_path.read_text())
+    schema = json.loads(schema_path(name).read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
@@ -499,9 +498,9 @@ def _check_values(value: Any, where: str, lines: dict[tuple[Any, ...], int],
 
 
 def _check_image(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
-    recipe = repo_root() / "images" / f"{data['image']}.yaml"
-    if not recipe.is_file():
-        raise InvalidInput(f"no image recipe {data['image']!r} (expected images/{data['image']}.yaml)",
+    if find_recipe(data["image"]) is None:
+        looked = ", ".join(str(d) for d in image_dirs())
+        raise InvalidInput(f"no image recipe {data['image']!r} (no {data['image']}.yaml in {looked})",
                            path=where, line=_line_for(lines, ("image",)), field="image")
 
 
@@ -585,11 +584,16 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def default_specs() -> list[Path]:
-    return [repo_root() / "specs"]
+    """The scenario folders read when none are named (``$ROOTBENCH_SPECS``, else the bundled)."""
+    return default_spec_dirs()
 
 
 def check_specs(paths: Iterable[str | Path]) -> list[tuple[Path, Scenario | None, InvalidInput | None]]:
-    """Validate every file; also that ids are unique. One entry per file, in order."""
+    """Validate every file; also that ids are unique. One entry per file, in order.
+
+    A wrong ``$ROOTBENCH_IMAGES`` is raised here, once, rather than charged to every file.
+    """
+    image_dirs()
     results: list[tuple[Path, Scenario | None, InvalidInput | None]] = []
     owner: dict[str, Path] = {}
     for path in spec_files(paths):
