@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,8 @@ from pathlib import Path
 from runner.core.errors import InvalidInput
 from runner.core.spec import Scenario
 
-ID_PATTERN = re.compile(r"[a-z0-9*?\[][a-z0-9\-*?\[\]!]*")  # an id, or a glob of ids
 GLOB_CHARS = frozenset("*?[")
+SPEC_SUFFIXES = (".yaml", ".yml")
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,12 @@ def split_words(values: Sequence[str] | None) -> list[str]:
     return [w.strip() for v in values or () for w in v.split(",") if w.strip()]
 
 
+def looks_like_path(word: str) -> bool:
+    """Whether ``word`` names a file rather than an id: an id has no ``/`` and no ``.``
+    (``[a-z0-9][a-z0-9-]*``), so a spec's name or anything that exists on disk is a path."""
+    return "/" in word or word.endswith(SPEC_SUFFIXES) or Path(word).exists()
+
+
 def _refuse_path(word: str, scenarios: Sequence[Scenario]) -> InvalidInput:
     """The one line for a file given where an id is expected, naming its id when it is known."""
     resolved = Path(word).resolve()
@@ -80,11 +85,8 @@ def pick_ids(scenarios: Sequence[Scenario], patterns: Sequence[str]) -> list[Sce
     by_id = {s.id: s for s in scenarios}
     out: dict[str, Scenario] = {}
     for word in patterns:
-        if not ID_PATTERN.fullmatch(word):
-            if "/" in word or "." in word or Path(word).exists():
-                raise _refuse_path(word, scenarios)
-            raise InvalidInput(f"{word!r} is not a scenario id (ids are lower-case letters, "
-                               "digits and '-'; globs may use * ? [...])", field="--only")
+        if looks_like_path(word):
+            raise _refuse_path(word, scenarios)
         if GLOB_CHARS & set(word):
             matched = [s for s in scenarios if fnmatch.fnmatchcase(s.id, word)]
             if not matched:
