@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -413,6 +414,7 @@ def _ray_address(args: argparse.Namespace) -> str | None:
         raise InvalidInput("Ray is not installed: pip install 'rootbench[ray]'", field="--executor")
     address = _ray_auto() if given.strip().lower() == "auto" else given
     reachable(address)
+    args.ray_address = address  # resolved once: later checks of the same flags reuse it
     return address
 
 
@@ -429,8 +431,12 @@ def _ray_auto() -> str:
     try:
         address = str(canonicalize_bootstrap_address_or_die("auto"))
     except (ConnectionError, ValueError) as exc:
-        raise InvalidInput(f"auto found no Ray cluster to use: {one_line(str(exc), 200)}",
-                           field="--ray-address") from None
+        # Ray's own words name its own flag (`--address`); ours are said here.
+        several = re.search(r"\{.*\}", str(exc)) if "multiple" in str(exc) else None
+        why = (f"several Ray clusters run on this machine ({several.group(0)}): give one as "
+               "HOST:PORT" if several else "no running Ray cluster found on this machine "
+               f"(start one with `ray start --head`, or give HOST:PORT or {RAY_ADDRESS_ENV})")
+        raise InvalidInput(f"auto: {why}", field="--ray-address") from None
     logging.getLogger("rootbench.bench").info("--ray-address auto: %s", address)
     return address
 
