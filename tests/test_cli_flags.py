@@ -138,7 +138,7 @@ def test_argument_errors_are_one_line_with_a_suggestion(args: list[str], expecte
 
 def test_an_argument_error_with_format_json_still_gives_a_json_document() -> None:
     r = rb("list", "--format", "json", "--lmit", "2")
-    assert r.returncode == 2 and json.loads(r.stdout)["exit"] == 2
+    assert r.returncode == 2 and json.loads(r.stdout) == {"error": r.stderr.strip(), "exit": 2}
     assert "did you mean --limit?" in r.stderr
 
 

@@ -34,7 +34,7 @@ from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
 from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
-from runner.app.cliparse import Parser
+from runner.app.cliparse import Parser, UsageError
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
 from runner.app.executors import (
@@ -984,10 +984,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = _wants_json(argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse has printed its usage and error on stderr
-        if exc.code == 2 and as_json:
-            print(json.dumps({"error": "invalid arguments (see the usage on stderr)", "exit": 2}),
-                  flush=True)
+    except UsageError as exc:  # the parser has printed its one line on stderr
+        if as_json:
+            print(json.dumps({"error": printable(exc.line), "exit": 2}), flush=True)
         raise
     as_json = getattr(args, "format", None) == "json" or getattr(args, "json", False)
     logs.setup(-1 if args.quiet else 1 if args.verbose else 0)

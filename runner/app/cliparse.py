@@ -14,12 +14,21 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 _FLAG_OWNER = "_rootbench_flag_owner"  # namespace attribute: the (sub)parser left with extras
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
 _UNRECOGNIZED = "unrecognized arguments: "
+
+
+class UsageError(SystemExit):
+    """argparse's exit 2 for bad arguments, with the one line that was printed."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(2)
+        self.line = line
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -91,8 +100,11 @@ class Parser(argparse.ArgumentParser):
         return message
 
     def error(self, message: str) -> NoReturn:
-        """One line on stderr, ``PROG: error: MESSAGE (see PROG --help)``, and exit 2."""
-        self.exit(2, f"{self.prog}: error: {self.explain(message)} (see {self.prog} --help)\n")
+        """One line on stderr, ``PROG: error: MESSAGE (see PROG --help)``, and exit 2
+        (:class:`UsageError`, which carries the line for a ``--format json`` document)."""
+        line = f"{self.prog}: error: {self.explain(message)} (see {self.prog} --help)"
+        self._print_message(line + "\n", sys.stderr)
+        raise UsageError(line)
 
 
 def _near_flags(word: str, flags: list[str]) -> list[str]:
