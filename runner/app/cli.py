@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import stat
 import sys
@@ -47,7 +46,7 @@ from runner.app.executors import (
 )
 from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
-from runner.app.ray_executor import RayExecutor, reachable
+from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import check_writable_dir, load_results, new_run_dir, results_file
@@ -395,7 +394,7 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 
     The address is ``--ray-address``, else the ``RAY_ADDRESS`` environment
     variable (as for Ray's own tools); ``auto`` is resolved by Ray itself
-    (:func:`_ray_auto`). The ``HOST:PORT`` it comes to is then checked to answer.
+    (:func:`~runner.app.ray_executor.resolve_auto`). The ``HOST:PORT`` it comes to is then checked to answer.
     """
     given = args.ray_address or os.environ.get(RAY_ADDRESS_ENV) or None
     if args.executor != ExecutorKind.RAY.value:
@@ -412,32 +411,13 @@ def _ray_address(args: argparse.Namespace) -> str | None:
         found = False
     if not found:
         raise InvalidInput("Ray is not installed: pip install 'rootbench[ray]'", field="--executor")
-    address = _ray_auto() if given.strip().lower() == "auto" else given
+    if given.strip().lower() == "auto":
+        address = resolve_auto(RAY_ADDRESS_ENV)
+        logging.getLogger("rootbench.bench").info("--ray-address auto: %s", address)
+    else:
+        address = given
     reachable(address)
     args.ray_address = address  # resolved once: later checks of the same flags reuse it
-    return address
-
-
-def _ray_auto() -> str:
-    """``--ray-address auto``: the local cluster's GCS address, resolved by Ray as ``ray status``
-    and ``ray.init(address="auto")`` resolve it: ``RAY_ADDRESS`` if set, else the cluster the
-    last ``ray start`` recorded (``/tmp/ray/ray_current_cluster``), else the one GCS process
-    running here; none, or several and none recorded, is one line."""
-    try:
-        from ray._private.services import canonicalize_bootstrap_address_or_die
-    except ImportError as exc:  # Ray moved its private helper: say so rather than guess
-        raise InvalidInput(f"this Ray cannot resolve auto ({exc}); give HOST:PORT",
-                           field="--ray-address") from None
-    try:
-        address = str(canonicalize_bootstrap_address_or_die("auto"))
-    except (ConnectionError, ValueError) as exc:
-        # Ray's own words name its own flag (`--address`); ours are said here.
-        several = re.search(r"\{.*\}", str(exc)) if "multiple" in str(exc) else None
-        why = (f"several Ray clusters run on this machine ({several.group(0)}): give one as "
-               "HOST:PORT" if several else "no running Ray cluster found on this machine "
-               f"(start one with `ray start --head`, or give HOST:PORT or {RAY_ADDRESS_ENV})")
-        raise InvalidInput(f"auto: {why}", field="--ray-address") from None
-    logging.getLogger("rootbench.bench").info("--ray-address auto: %s", address)
     return address
 
 
