@@ -130,6 +130,8 @@ def test_choose_composes_in_order_and_never_silently_selects_nothing() -> None:
     (["verify", "--shortcuts", "recoded"], "did you mean 'recorded'?"),
     (["image", "biuld"], "rootbench image: error: argument ACTION: invalid choice: 'biuld'"),
     ([], "rootbench: error: the following arguments are required: COMMAND"),
+    (["list", "-q"], "rootbench list: error: -q is an option of rootbench itself: give it before "
+                     "the command (rootbench -q ...)"),
 ])
 def test_argument_errors_are_one_line_with_a_suggestion(args: list[str], expected: str) -> None:
     line = one_line_exit_2(rb(*args))

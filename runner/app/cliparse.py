@@ -77,6 +77,10 @@ class Parser(argparse.ArgumentParser):
         if hasattr(ns, _FLAG_OWNER):
             delattr(ns, _FLAG_OWNER)
         if extras:
+            misplaced = [w for w in extras if owner is not self and w in self._flags()]
+            if misplaced:  # `rootbench bench -q`: a global option after the command
+                owner.error(f"{misplaced[0]} is an option of {self.prog} itself: give it before "
+                            f"the command ({self.prog} {misplaced[0]} ...)")
             owner.error(_UNRECOGNIZED + " ".join(extras))
         return ns
 

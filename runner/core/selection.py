@@ -72,8 +72,9 @@ def _refuse_path(word: str, scenarios: Sequence[Scenario]) -> InvalidInput:
         stem = Path(word).stem
         owner = stem if any(s.id == stem for s in scenarios) else None
     its = f"its id is {owner!r}; " if owner else ""
-    return InvalidInput(f"{word!r} is a path, not a scenario id ({its}a spec file is given as a "
-                        "path argument, without --only)", field="--only")
+    return InvalidInput(f"{word!r} is a path, not a scenario id ({its}spec files and folders "
+                        "are path arguments: give them before --only, or without it)",
+                        field="--only")
 
 
 def pick_ids(scenarios: Sequence[Scenario], patterns: Sequence[str]) -> list[Scenario]:
