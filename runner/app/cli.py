@@ -1,8 +1,9 @@
 """The ``rootbench`` command line: argparse in, exit codes out.
 
-Exit codes: 0 success; 1 the thing asked for did not hold (a scenario
-failed, a replay differed, verify found an invalid scenario, doctor found a
-problem); 2 invalid input (one line naming the file and field, never a
+Exit codes: 0 success (a bench or run whose model failed its scenarios has
+succeeded: the failures are its results); 1 the thing asked for did not hold
+(an episode ended ``infra-error``, a replay differed, verify found an invalid
+scenario, doctor found a problem); 2 invalid input (one line naming the file and field, never a
 traceback); 130/143 interrupted by SIGINT/SIGTERM after tearing everything down.
 """
 
