@@ -288,8 +288,13 @@ def is_recordings(path: Path) -> bool:
     """Whether ``path`` is a folder of episode cassettes without a results.json (not a run
     directory): ``report`` and ``compare`` then read the cassettes' verdict lines."""
     path = Path(path)
-    return (path.is_dir() and not (path / layout.RESULTS).exists()
-            and bool(recorded_cassettes(path)))
+    try:  # a folder that cannot be entered is not known to be one: results_file says why
+        if not path.is_dir() or (path / layout.RESULTS).exists() \
+                or (path / layout.RESULTS).is_symlink():
+            return False
+        return bool(recorded_cassettes(path))
+    except (OSError, InvalidInput):
+        return False
 
 
 def load_episodes(path: Path) -> tuple[dict[str, Any], list[Episode]]:
