@@ -330,6 +330,18 @@ def relative_name(recorded: str | None, root: Path) -> str | None:
     return path.name
 
 
+def shown_path(path: Path) -> str:
+    """A folder or file the user named, as a report shows it: as typed when relative, relative
+    to the working directory when under it, else by its name (never a local absolute path)."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return path.name
+
+
 @functools.cache
 def _results_validator() -> jsonschema.Draft202012Validator:
     schema = json.loads(schema_path("results.schema.json").read_text())
