@@ -204,6 +204,15 @@ def test_compare_names_the_models_and_explains_the_test(oracle_run: Path, tmp_pa
     assert "(p: the chance of a split at least this uneven if A and B were equally good" in r.stdout
     assert "4 scored first tries had no partner" in r.stdout  # the run's round 1 has none in rec
     assert "A is better" not in r.stdout and "B is better" not in r.stdout
+    # A cassette cut short (no verdict line) has no episode: said, not silently dropped.
+    lines = (ORACLE / f"{IDS[0]}.jsonl").read_text().splitlines(True)
+    (rec / f"{IDS[0]}.jsonl").write_text("".join(lines[:-1]))
+    r = _cli("compare", str(rec), str(oracle_run), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (c,) = json.loads(r.stdout)["comparisons"]
+    assert (c["a"]["cut_short"], c["a"]["episodes"], c["pairs"]) == (1, 3, 3)
+    r = _cli("compare", str(rec), str(oracle_run))
+    assert "1 of A's cassettes end before a verdict (cut short) and are left out" in r.stdout
 
 
 def test_a_folder_with_neither_results_nor_cassettes_is_one_line(tmp_path: Path) -> None:

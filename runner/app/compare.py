@@ -26,7 +26,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.runs import load_episodes
+from runner.app.runs import episodes_from_recordings, is_recordings, load_episodes
 from runner.app.stats import CONFIDENCE, Comparison, Interval, Summary, compare, summarize
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
@@ -40,6 +40,7 @@ class Run:
     path: Path
     label: str  # the model (and protocol) its episodes name, or the agent: what the text calls it
     episodes: list[Episode]
+    cut_short: int = 0  # a recordings folder's cassettes that end before a verdict: left out
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class RunComparison:
 
 def _run_dict(run: Run) -> dict[str, Any]:
     return {"path": str(run.path), "label": run.label, "episodes": len(run.episodes),
+            "cut_short": run.cut_short,
             "statistics": summarize(run.episodes).overall.to_dict()}
 
 
@@ -71,6 +73,9 @@ def load_run(path: Path) -> Run:
     """A run directory's results or a recordings folder's episodes; :class:`InvalidInput` when
     it is neither or they are damaged."""
     path = Path(path)
+    if is_recordings(path):
+        episodes, cut = episodes_from_recordings(path)
+        return Run(path=path, label=_label({}, episodes), episodes=episodes, cut_short=len(cut))
     info, episodes = load_episodes(path)
     return Run(path=path, label=_label(info, episodes), episodes=episodes)
 
@@ -191,6 +196,10 @@ def _text(rc: RunComparison, fmt: str) -> str:
                      "left out")
     if r.by_order:
         lines.append("a run repeats round numbers, so its runs of a scenario were paired in order")
+    for side, run in (("A", rc.a), ("B", rc.b)):
+        if run.cut_short:
+            lines.append(f"{run.cut_short} of {side}'s cassettes end before a verdict (cut short) "
+                         "and are left out")
     lines.append("")
     lines.append(f"first tries: {r.verdict(a, b)}")
     if r.solved_winner:
