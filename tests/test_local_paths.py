@@ -75,3 +75,16 @@ def test_report_json_names_cassettes_relative_to_the_run_directory(tmp_path: Pat
     shown = [ep["cassette"] for ep in json.loads(r.stdout)["episodes"]]
     assert shown == [f"cassettes/{n}" for n in NAMES]
     assert _leaks(r.stdout, tmp_path, recorded) == []
+
+
+def test_the_html_report_of_a_recordings_folder_goes_to_the_working_directory(
+        tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    shutil.copy2(ARCHIVE / NAMES[0], rec / NAMES[0])
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _cli("report", str(rec), "--html", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "report.html" and (work / "report.html").is_file()
+    assert sorted(p.name for p in rec.iterdir()) == [NAMES[0]]  # nothing written among them

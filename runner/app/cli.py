@@ -780,7 +780,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out:
         out = check_file_target(Path(args.out), "--out")
     else:
-        out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+        own = paths == dirs[:1] and not is_recordings(dirs[0])  # never into committed recordings
+        out = dirs[0] / html_report.REPORT_NAME if own else Path(html_report.REPORT_NAME)
         check_file_target(out, "--out (default)")
     runs = [run for p in dirs for run in (html_report.runs_from_cassettes(recorded_cassettes(p))
                                           if is_recordings(p) else html_report.load_run_arms(p))]
