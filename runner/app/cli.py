@@ -50,7 +50,15 @@ from runner.app.perf import measure, render
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
-from runner.app.runs import check_writable_dir, load_results, new_run_dir, results_file
+from runner.app.runs import (
+    check_writable_dir,
+    is_recordings,
+    load_episodes,
+    load_results,
+    new_run_dir,
+    recorded_cassettes,
+    results_file,
+)
 from runner.app.signals import Interrupted, signals_raise
 from runner.app.verify import (
     EPISODE_CHECKS,
@@ -288,7 +296,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="the table of a run directory, or an HTML report of runs")
     p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
-                   help="run directories (side by side) and, with --html, loose cassettes")
+                   help="run directories or recordings folders (folders of cassettes) side by "
+                        "side and, with --html, loose cassettes")
     p.add_argument("--html", action="store_true",
                    help="write one self-contained HTML file (RUNDIR/report.html for one run "
                         "directory, else ./report.html) and print its path")
@@ -306,9 +315,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="is run A better than run B? paired runs, intervals, "
                                        "an exact test (more runs: each against the first)")
-    p.add_argument("run_a", metavar="RUN_A", help="a run directory (A)")
-    p.add_argument("run_b", metavar="RUN_B", help="a run directory (B)")
-    p.add_argument("more", nargs="*", metavar="RUN", help="more run directories, each compared with A")
+    p.add_argument("run_a", metavar="RUN_A", help="a run directory or recordings folder (A)")
+    p.add_argument("run_b", metavar="RUN_B", help="a run directory or recordings folder (B)")
+    p.add_argument("more", nargs="*", metavar="RUN", help="more of them, each compared with A")
     _format_arg(p)
 
     p = sub.add_parser("image", help="guest images")
@@ -800,8 +809,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise InvalidInput("no such file or directory", path=str(path)) from None
         except OSError as exc:
             raise InvalidInput(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
-        if is_dir:
-            results_file(path)
+        if is_dir and not is_recordings(path):
+            results_file(path, "a run directory or a folder of cassettes")
     if not args.html:
         if args.out:
             raise InvalidInput("--out is where the HTML report goes: add --html", field="--out")
@@ -809,7 +818,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if loose:
             raise InvalidInput("a cassette is reported with --html (the table needs a run "
                                "directory)", path=str(loose[0]))
-        tables = [(p, _table_and_statistics(load_results(p)[1], args.format)) for p in paths]
+        tables = [(p, _table_and_statistics(load_episodes(p)[1], args.format)) for p in paths]
         if len(tables) == 1:
             _out(tables[0][1])
         elif args.format == "json":
@@ -822,9 +831,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out:
         out = check_file_target(Path(args.out), "--out")
     else:
-        out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+        own = paths == dirs[:1] and not is_recordings(dirs[0])  # never into committed recordings
+        out = dirs[0] / html_report.REPORT_NAME if own else Path(html_report.REPORT_NAME)
         check_file_target(out, "--out (default)")
-    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
+    runs = [run for p in dirs for run in (html_report.runs_from_cassettes(recorded_cassettes(p))
+                                          if is_recordings(p) else html_report.load_run_arms(p))]
     runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     title = "rootbench: " + (" vs ".join(p.name for p in dirs) if dirs and len(runs) == len(dirs)
                              else ", ".join(r.label for r in runs))
