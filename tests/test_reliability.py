@@ -195,8 +195,11 @@ def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> No
             break
         time.sleep(0.2)
     assert results is not None
-    time.sleep(1.5)  # the second scenario's VM is up now
-    ours = qemu_children(proc.pid)  # only this bench's: the machine may run other benches
+    ours: set[int] = set()  # only this bench's QEMU: the machine may run other benches
+    while time.monotonic() < deadline and not ours:  # the second scenario's VM is up
+        ours = qemu_children(proc.pid)
+        time.sleep(0.2)
+    assert ours, "no QEMU of the second episode to tear down"
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-500:]

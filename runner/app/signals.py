@@ -8,8 +8,14 @@ from collections.abc import Iterator
 from types import FrameType
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; ``code`` is the exit status to use (130 or 143)."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; ``code`` is the exit status to use (130 or 143).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except
+    Exception`` on its way up can take it for an error and go on: the QMP
+    connect loop did (it retries on any Exception), so a SIGTERM that arrived
+    while a VM was starting was swallowed and the bench ran to its end.
+    """
 
     def __init__(self, code: int) -> None:
         super().__init__(f"interrupted (exit {code})")
