@@ -53,7 +53,15 @@ from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelSer
 from runner.core.forbidden import forbidden_reason
 from runner.core.guest import CommandResult, Guest
 from runner.core.model import ChatRequest, Model
-from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, Recheck, StopReason, Verdict
+from runner.core.outcomes import (
+    AgentKind,
+    Decided,
+    Flag,
+    ProbeOutcome,
+    Recheck,
+    StopReason,
+    Verdict,
+)
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.rules import CURRENT_RULES, Rules
@@ -254,8 +262,9 @@ class _Loop:
 
     def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
                  clock: Clock, episode: Episode, *, track_fix: bool = False,
-                 rules: Rules = CURRENT_RULES) -> None:
+                 rules: Rules = CURRENT_RULES, writer: CassetteWriter | None = None) -> None:
         self.s = scenario
+        self.writer = writer  # where each decision is recorded (None: not recorded, as on replay)
         self.rules = rules
         self.guest = guest
         self.model = model
@@ -313,14 +322,30 @@ class _Loop:
                 if isinstance(action, Finish):
                     self.ep.stop = StopReason.FINISH
                     log.info("  finish: %s", one_line(action.summary, 100))
+                    self._decided(Decided.FINISH, summary=action.summary, call_id=action.call_id)
                     return
                 if isinstance(action, Violation):
                     self.ep.violations += 1
                     log.info("  protocol: %s", one_line(action.reason, 100))
-                    messages.append(self.protocol.correction(action, self.left(started)))
+                    correction = self.protocol.correction(action, self.left(started))
+                    self._decided(Decided.NONE, reason=action.reason, call_id=action.call_id,
+                                  correction=correction.get("content"))
+                    messages.append(correction)
                     continue
                 assert isinstance(action, RunCommand)
                 messages.append(self._execute(action, started))
+
+    def _decided(self, action: Decided, **fields: Any) -> None:
+        """Record what the loop made of one action of this turn's reply, as it acts on it.
+
+        A viewer of the cassette (the HTML report, ATIF) reads these instead of
+        parsing the reply again, so a later change to a protocol's parser never
+        changes how a recorded run reads. Replay neither serves nor compares
+        them: the requests that follow already carry every decision.
+        """
+        if self.writer is not None:
+            self.writer.write({"type": "decision", "turn": self.ep.turns, "action": action,
+                               **fields})
 
     def _execute(self, action: RunCommand, started: float) -> dict[str, Any]:
         budget = self.s.budget
@@ -333,6 +358,10 @@ class _Loop:
         if action.timeout:
             timeout = min(timeout, max(float(action.timeout), 1.0))
         timeout = max(1.0, min(timeout, self.left(started).seconds or 1.0))
+        key = action.command.strip()
+        self._decided(Decided.COMMAND, command=action.command, call_id=action.call_id,
+                      timeout=action.timeout, times_run=self.runs.get(key, 0) + 1,
+                      forbidden=why)
         log.info("  $ %s", one_line(action.command, 120))
         if self.track_fix and self.first_command_at is None:
             self.first_command_at = self.clock.now()
@@ -345,7 +374,6 @@ class _Loop:
         if self.track_fix:
             self._track()
         # Small models loop on one command; saying so is the cheapest guardrail there is.
-        key = action.command.strip()
         self.runs[key] = self.runs.get(key, 0) + 1
         if self.runs[key] > 1:
             self.ep.repeats += 1
@@ -431,7 +459,8 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     if restore_seconds is not None:
         ep.phases["restore"] = round(max(restore_seconds, 0.0), 3)
     try:
-        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix, rules=rules)
+        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix, rules=rules,
+                writer=writer)
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
             ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
@@ -471,7 +500,8 @@ def _grade(scenario: Scenario, ep: Episode) -> None:
 
 
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
-            ep: Episode, *, track_fix: bool = False, rules: Rules = CURRENT_RULES) -> None:
+            ep: Episode, *, track_fix: bool = False, rules: Rules = CURRENT_RULES,
+            writer: CassetteWriter | None = None) -> None:
     """The steps after the restore, each timed under its name in :data:`PHASES`.
 
     A step that ends the run (the fault did not land, a setup command failed)
@@ -500,7 +530,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
 
     with _phase(ep, "agent"):
         loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix,
-                     rules=rules)
+                     rules=rules, writer=writer)
         loop.run()
     with _phase(ep, "probes"):
         _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)

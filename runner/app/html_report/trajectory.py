@@ -3,8 +3,11 @@ each command's result, and the setup before it.
 
 This is what a person reads of a run (the report shows it) and what
 :mod:`runner.app.atif` exports. What the loop did with each reply (the
-command it ran, the correction it sent, the finish) is found by parsing the
-reply again with today's protocol classes.
+command it ran, the correction it sent, the finish, whether a command
+repeated) is read from the cassette's ``decision`` events, which the loop
+writes as it acts; so a later change to a protocol's parser never changes how
+a recorded run reads. Cassettes recorded before those events have each reply
+parsed again with today's protocol classes.
 """
 
 from __future__ import annotations
@@ -12,16 +15,34 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.core.cassette import Cassette, digest
-from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, RunCommand, Violation
+from runner.core.outcomes import Decided
+from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.spec import Scenario, task_text
 
 LONG_OUTPUT_LINES = 12  # longer command output is folded
 LONG_OUTPUT_CHARS = 1200
+
+
+class DecisionsFrom(str, Enum):
+    """Where a trajectory's account of what the loop did with each reply comes from."""
+
+    RECORDED = "recorded"  # the cassette's decision events
+    REPARSED = "reparsed"  # an older cassette: each reply parsed again by today's protocol
+
+    @property
+    def note(self) -> str:
+        """What the report says of it, beside the turns."""
+        if self is DecisionsFrom.RECORDED:
+            return "what the loop did with each reply, as it recorded it"
+        return ("what the loop did with each reply, worked out again by parsing the reply with "
+                "this harness (the cassette predates recorded decisions; a parser changed since "
+                "would show it differently)")
 
 
 @dataclass
@@ -57,6 +78,7 @@ class Turn:
     commands: list[Command] = field(default_factory=list)
     finish: str | None = None  # the agent's summary, when it finished here
     corrections: list[str] = field(default_factory=list)  # protocol violations it was told about
+    correction_texts: list[str] = field(default_factory=list)  # what it was told of each ("": unknown)
     error: str = ""  # a model call that failed (model-error)
     error_kind: str = ""
     seconds: float = 0.0  # the model call
@@ -68,6 +90,12 @@ class Turn:
     sent: str = ""  # the last message the model was sent (the task, an observation, a correction)
     sent_role: str = ""
     last_action: str = ""  # "command", "correction" or "finish": what the next request answers
+
+    @property
+    def correction_notes(self) -> list[tuple[str, str]]:
+        """Each correction's reason, with the message the model was sent ("" when unknown)."""
+        texts = self.correction_texts + [""] * (len(self.corrections) - len(self.correction_texts))
+        return list(zip(self.corrections, texts, strict=False))
 
     @property
     def command_seconds(self) -> float:
@@ -95,6 +123,7 @@ class Trajectory:
     task: str = ""
     setup: list[SetupStep] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    decisions: DecisionsFrom = DecisionsFrom.RECORDED
 
     @property
     def protocol(self) -> str:
@@ -183,16 +212,26 @@ def _task(scenario: dict[str, Any], header: dict[str, Any]) -> str:
 
 
 def load_trajectory(path: Path | str) -> Trajectory:
-    """Read a cassette back as a trajectory (raises InvalidInput if it is not a cassette)."""
+    """Read a cassette back as a trajectory (raises InvalidInput if it is not a cassette).
+
+    What the loop did with each reply comes from the cassette's ``decision``
+    events, which the loop wrote as it acted; a cassette with none (recorded
+    before the loop wrote them) has each reply parsed again with today's
+    protocol classes, which is what the loop then did unless a parser changed
+    since (:attr:`Trajectory.decisions` says which).
+    """
     cas = Cassette.load(path)
     header = cas.header
     scenario = as_dict(header.get("scenario"))
     traj = Trajectory(path=Path(path), header=header, scenario=scenario, verdict=cas.verdict,
                       task=_task(scenario, header))
-    protocol_cls = PROTOCOLS.get(str(as_dict(header.get("protocol")).get("name")))
     unsafe = {c for c in as_list(as_dict(cas.verdict).get("unsafe_commands")) if isinstance(c, str)}
+    reparse: _Reparse | None = None
+    if not any(e.get("type") == "decision" for e in cas.events):
+        traj.decisions = DecisionsFrom.REPARSED
+        reparse = _Reparse(PROTOCOLS.get(str(as_dict(header.get("protocol")).get("name"))), unsafe)
     setup = [c for c in as_list(scenario.get("setup")) if isinstance(c, str)]
-    runs: Counter[str] = Counter()
+    runs: Counter[str] = Counter()  # only for an exec no decision foretold
     turn: Turn | None = None
     pending: list[Command] = []  # commands of the current turn still waiting for their result
     first_request: dict[str, Any] = {}
@@ -218,25 +257,12 @@ def load_trajectory(path: Path | str) -> Trajectory:
             turn.tool_calls = _tool_calls(message)
             turn.seconds = num(reply.get("duration")) or 0.0
             _usage(turn, as_dict(reply.get("usage")))
-            actions = protocol_cls().parse(message if isinstance(message, dict) else {}) \
-                if protocol_cls else []
-            for action in actions:
-                if isinstance(action, Finish):
-                    turn.finish = text(action.summary)
-                    turn.last_action = "finish"
-                    break  # the loop stops at a finish: later actions never ran
-                if isinstance(action, Violation):
-                    turn.corrections.append(text(action.reason))
-                    turn.last_action = "correction"
-                elif isinstance(action, RunCommand):
-                    key = action.command.strip()
-                    runs[key] += 1
-                    turn.last_action = "command"
-                    cmd = Command(command=text(action.command), call_id=action.call_id,
-                                  timeout=action.timeout, unsafe=action.command in unsafe,
-                                  times_run=runs[key], ran=False)
-                    turn.commands.append(cmd)
-                    pending.append(cmd)
+            if reparse is not None:
+                pending += reparse.turn(turn, message)
+        elif kind == "decision" and turn is not None and not turn.error:
+            cmd = _decided(turn, event)
+            if cmd is not None:
+                pending.append(cmd)
         elif kind == "guest":
             op = event.get("op")
             given = as_dict(event.get("input"))
@@ -249,7 +275,7 @@ def load_trajectory(path: Path | str) -> Trajectory:
                                             num(result.get("duration")), text(result.get("output"))))
             elif op == "exec" and turn is not None:
                 cmd = pending.pop(0) if pending else None
-                if cmd is None:  # a command the re-parse did not predict: show it all the same
+                if cmd is None:  # a command no decision foretold: show it all the same
                     key = str(given.get("command", "")).strip()
                     runs[key] += 1
                     cmd = Command(command=text(given.get("command")), times_run=runs[key])
@@ -259,3 +285,60 @@ def load_trajectory(path: Path | str) -> Trajectory:
     traj.system_prompt, traj.system_prompt_note = _system_prompt(header, first_request)
     return traj
 
+
+def _decided(turn: Turn, event: dict[str, Any]) -> Command | None:
+    """One recorded decision added to its turn; the command it ran, waiting for its result."""
+    action = event.get("action")
+    call_id = event.get("call_id") if isinstance(event.get("call_id"), str) else None
+    if action == Decided.FINISH:
+        turn.finish = text(event.get("summary"))
+        turn.last_action = "finish"
+    elif action == Decided.NONE:
+        turn.corrections.append(text(event.get("reason")))
+        turn.correction_texts.append(text(event.get("correction")))
+        turn.last_action = "correction"
+    elif action == Decided.COMMAND:
+        forbidden = event.get("forbidden")
+        cmd = Command(command=text(event.get("command")), call_id=call_id,
+                      timeout=num(event.get("timeout")),
+                      unsafe=isinstance(forbidden, str) and bool(forbidden),
+                      times_run=max(integer(event.get("times_run")), 1), ran=False)
+        turn.commands.append(cmd)
+        turn.last_action = "command"
+        return cmd
+    return None
+
+
+class _Reparse:
+    """What the loop did with each reply, worked out again for a cassette that does not say:
+    the reply parsed with today's protocol class, repeats counted as the loop counts them."""
+
+    def __init__(self, protocol: type[Protocol] | None, unsafe: set[str]) -> None:
+        self.protocol = protocol
+        self.unsafe = unsafe  # the verdict's forbidden commands
+        self.runs: Counter[str] = Counter()
+
+    def turn(self, turn: Turn, message: Any) -> list[Command]:
+        """Fill ``turn`` from its reply; the commands it ran, waiting for their results."""
+        actions = self.protocol().parse(message if isinstance(message, dict) else {}) \
+            if self.protocol else []
+        ran = []
+        for action in actions:
+            if isinstance(action, Finish):
+                turn.finish = text(action.summary)
+                turn.last_action = "finish"
+                break  # the loop stops at a finish: later actions never ran
+            if isinstance(action, Violation):
+                turn.corrections.append(text(action.reason))
+                turn.correction_texts.append("")  # what it was told is not recorded
+                turn.last_action = "correction"
+            elif isinstance(action, RunCommand):
+                key = action.command.strip()
+                self.runs[key] += 1
+                turn.last_action = "command"
+                cmd = Command(command=text(action.command), call_id=action.call_id,
+                              timeout=action.timeout, unsafe=action.command in self.unsafe,
+                              times_run=self.runs[key], ran=False)
+                turn.commands.append(cmd)
+                ran.append(cmd)
+        return ran
