@@ -197,11 +197,43 @@ def test_a_parser_change_does_not_change_how_a_new_cassette_reads(tmp_path: Path
     assert all(t.corrections and t.finish is None for t in reparsed.turns)
 
 
-def test_decision_events_leave_replay_the_same(tmp_path: Path) -> None:
+def test_replay_checks_the_recorded_decisions(tmp_path: Path) -> None:
     cassette, ep = _record(tmp_path)
     outcome = replay_one(cassette, offline=True, specs=[tmp_path])
     assert outcome.result is ReplayResult.SAME, outcome.note
     assert outcome.episode is not None and outcome.episode.repeats == ep.repeats
+
+    # A decision that is not what the loop decided would make the report lie: the replay says so.
+    def edited(name: str, change: Any) -> Path:
+        lines, out = cassette.read_text().splitlines(), []
+        for n, line in enumerate(lines):
+            event = json.loads(line)
+            if event["type"] == "decision" and n == seen[0]:
+                event = change(event)
+            if event is not None:
+                out.append(json.dumps(event))
+        path = tmp_path / name
+        path.write_text("\n".join(out) + "\n")
+        return path
+
+    lines = cassette.read_text().splitlines()
+    seen = [n for n, line in enumerate(lines) if json.loads(line)["type"] == "decision"
+            and json.loads(line)["action"] == "command" and json.loads(line)["times_run"] == 2]
+    once = edited("once.jsonl", lambda e: {**e, "times_run": 1})
+    outcome = replay_one(once, offline=True, specs=[tmp_path])
+    assert outcome.result is ReplayResult.MISMATCH
+    assert "decision 2 (turn 1): times_run: the run decided 2, the cassette has 1" in outcome.note
+    gone = edited("gone.jsonl", lambda e: None)
+    outcome = replay_one(gone, offline=True, specs=[tmp_path])
+    assert outcome.result is ReplayResult.MISMATCH
+    assert "decision 2 (turn 1): action: the run decided 'command', the cassette has 'none'" \
+        in outcome.note
+    seen[0] = next(n for n, line in enumerate(lines) if json.loads(line)["type"] == "decision"
+                   and json.loads(line)["action"] == "finish")
+    extra = cassette.read_text().replace(lines[seen[0]], lines[seen[0]] + "\n" + lines[seen[0]])
+    (tmp_path / "extra.jsonl").write_text(extra)
+    outcome = replay_one(tmp_path / "extra.jsonl", offline=True, specs=[tmp_path])
+    assert outcome.result is ReplayResult.MISMATCH and "decision event 10" in outcome.note
 
 
 def test_the_page_shows_the_recorded_decisions(tmp_path: Path) -> None:

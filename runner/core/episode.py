@@ -262,9 +262,8 @@ class _Loop:
 
     def __init__(self, scenario: Scenario, guest: Guest, model: Model, protocol: Protocol,
                  clock: Clock, episode: Episode, *, track_fix: bool = False,
-                 rules: Rules = CURRENT_RULES, writer: CassetteWriter | None = None) -> None:
+                 rules: Rules = CURRENT_RULES) -> None:
         self.s = scenario
-        self.writer = writer  # where each decision is recorded (None: not recorded, as on replay)
         self.rules = rules
         self.guest = guest
         self.model = model
@@ -336,16 +335,14 @@ class _Loop:
                 messages.append(self._execute(action, started))
 
     def _decided(self, action: Decided, **fields: Any) -> None:
-        """Record what the loop made of one action of this turn's reply, as it acts on it.
+        """Tell the model what the loop made of one action of this turn's reply, as it acts on it.
 
-        A viewer of the cassette (the HTML report, ATIF) reads these instead of
-        parsing the reply again, so a later change to a protocol's parser never
-        changes how a recorded run reads. Replay neither serves nor compares
-        them: the requests that follow already carry every decision.
+        The recorder writes it to the cassette, where a viewer (the HTML report,
+        ATIF) reads it instead of parsing the reply again, so a later change to a
+        protocol's parser never changes how a recorded run reads; the replayer
+        checks it against the recording (:meth:`Model.decided`).
         """
-        if self.writer is not None:
-            self.writer.write({"type": "decision", "turn": self.ep.turns, "action": action,
-                               **fields})
+        self.model.decided({"turn": self.ep.turns, "action": action, **fields})
 
     def _execute(self, action: RunCommand, started: float) -> dict[str, Any]:
         budget = self.s.budget
@@ -459,8 +456,7 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     if restore_seconds is not None:
         ep.phases["restore"] = round(max(restore_seconds, 0.0), 3)
     try:
-        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix, rules=rules,
-                writer=writer)
+        _phases(scenario, guest, model, protocol, clock, ep, track_fix=track_fix, rules=rules)
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
             ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
@@ -500,8 +496,7 @@ def _grade(scenario: Scenario, ep: Episode) -> None:
 
 
 def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, clock: Clock,
-            ep: Episode, *, track_fix: bool = False, rules: Rules = CURRENT_RULES,
-            writer: CassetteWriter | None = None) -> None:
+            ep: Episode, *, track_fix: bool = False, rules: Rules = CURRENT_RULES) -> None:
     """The steps after the restore, each timed under its name in :data:`PHASES`.
 
     A step that ends the run (the fault did not land, a setup command failed)
@@ -530,7 +525,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
 
     with _phase(ep, "agent"):
         loop = _Loop(scenario, guest, model, protocol, clock, ep, track_fix=track_fix,
-                     rules=rules, writer=writer)
+                     rules=rules)
         loop.run()
     with _phase(ep, "probes"):
         _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)
