@@ -276,10 +276,13 @@ def test_a_decision_that_is_not_one_is_unreadable_naming_its_field(tmp_path: Pat
     with pytest.raises(InvalidInput, match="decision.times_run"):
         Cassette.load(bad)
     # Hostile text in a decision is text on the page: escaped, terminal controls stripped.
+    hostile = "\x1b[31m<script>alert(1)</script>\u202e</pre></details>"
     event["times_run"] = 1
-    event["command"] = "\x1b[31m<script>alert(1)</script>\u202e"
+    event["command"] = hostile
     lines[i] = json.dumps(event)
+    j = next(n for n, line in enumerate(lines) if '"none"' in line and '"decision"' in line)
+    lines[j] = json.dumps({**json.loads(lines[j]), "reason": hostile, "correction": hostile})
     bad.write_text("\n".join(lines) + "\n")
     page = html_report.write_cassette_report([bad], tmp_path / "r.html").read_text()
     assert "<script>alert" not in page and "\x1b" not in page and "\u202e" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;&lt;/pre&gt;&lt;/details&gt;") == 3
