@@ -190,5 +190,5 @@ def test_the_html_report_shows_the_phases(tmp_path: Path) -> None:
     assert "phases: restore 1.25 s · baseline" in page
     # From a hostile file: terminal controls in a name are stripped, a value not a number is left
     # out (Jinja escapes what is left, as it does everything on the page).
-    hostile = html_report.Episode({"scenario": "x", "phases": {"\x1b[31magent": 1, "y": "z"}})
-    assert dict(html_report._extra_fields(hostile))["phases"] == "agent 1.00 s"
+    hostile = html_report.EpisodeView({"scenario": "x", "phases": {"\x1b[31magent": 1, "y": "z"}})
+    assert dict(html_report.view.extra_fields(hostile))["phases"] == "agent 1.00 s"

@@ -603,7 +603,7 @@ def test_the_report_shows_the_task_as_sent_and_the_time_to_fix(tmp_path: Path) -
     _run(tmp_path, ["ls", "touch a", "touch b"], hint_level=2, track_fix=True, record=cassette)
     s = load_spec(_spec(tmp_path))
     assert html_report.load_trajectory(cassette).task == task_text(s, 2)
-    assert html_report._cell("fixed_at", {"turn": 3, "seconds": 4.25}) == "4.2 s (turn 3)"
+    assert html_report.view._cell("fixed_at", {"turn": 3, "seconds": 4.25}) == "4.2 s (turn 3)"
 
 
 def test_an_episode_reads_back_from_what_it_wrote_and_an_infra_error_is_never_scored() -> None:

@@ -54,7 +54,15 @@ from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelSer
 from runner.core.forbidden import forbidden_reason
 from runner.core.guest import CommandResult, Guest
 from runner.core.model import ChatRequest, Model
-from runner.core.outcomes import AgentKind, Flag, ProbeOutcome, Recheck, StopReason, Verdict
+from runner.core.outcomes import (
+    AgentKind,
+    Decided,
+    Flag,
+    ProbeOutcome,
+    Recheck,
+    StopReason,
+    Verdict,
+)
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.rules import CURRENT_RULES, Rules
@@ -314,14 +322,28 @@ class _Loop:
                 if isinstance(action, Finish):
                     self.ep.stop = StopReason.FINISH
                     log.info("  finish: %s", one_line(action.summary, 100))
+                    self._decided(Decided.FINISH, summary=action.summary, call_id=action.call_id)
                     return
                 if isinstance(action, Violation):
                     self.ep.violations += 1
                     log.info("  protocol: %s", one_line(action.reason, 100))
-                    messages.append(self.protocol.correction(action, self.left(started)))
+                    correction = self.protocol.correction(action, self.left(started))
+                    self._decided(Decided.NONE, reason=action.reason, call_id=action.call_id,
+                                  correction=correction.get("content"))
+                    messages.append(correction)
                     continue
                 assert isinstance(action, RunCommand)
                 messages.append(self._execute(action, started))
+
+    def _decided(self, action: Decided, **fields: Any) -> None:
+        """Tell the model what the loop made of one action of this turn's reply, as it acts on it.
+
+        The recorder writes it to the cassette, where a viewer (the HTML report,
+        ATIF) reads it instead of parsing the reply again, so a later change to a
+        protocol's parser never changes how a recorded run reads; the replayer
+        checks it against the recording (:meth:`Model.decided`).
+        """
+        self.model.decided({"turn": self.ep.turns, "action": action, **fields})
 
     def _execute(self, action: RunCommand, started: float) -> dict[str, Any]:
         budget = self.s.budget
@@ -334,6 +356,10 @@ class _Loop:
         if action.timeout:
             timeout = min(timeout, max(float(action.timeout), 1.0))
         timeout = max(1.0, min(timeout, self.left(started).seconds or 1.0))
+        key = action.command.strip()
+        self._decided(Decided.COMMAND, command=action.command, call_id=action.call_id,
+                      timeout=action.timeout, times_run=self.runs.get(key, 0) + 1,
+                      forbidden=why)
         log.info("  $ %s", one_line(action.command, 120))
         if self.track_fix and self.first_command_at is None:
             self.first_command_at = self.clock.now()
@@ -346,7 +372,6 @@ class _Loop:
         if self.track_fix:
             self._track()
         # Small models loop on one command; saying so is the cheapest guardrail there is.
-        key = action.command.strip()
         self.runs[key] = self.runs.get(key, 0) + 1
         if self.runs[key] > 1:
             self.ep.repeats += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,15 @@ class Model(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release whatever the backend holds."""
+
+    def decided(self, decision: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """What the loop made of one action of this model's last reply (``turn``, ``action``
+        and its details, see :class:`~runner.core.outcomes.Decided`), as it acts on it.
+
+        Most models have no use for it. The recorder writes it to the cassette, so
+        viewers read what the loop did instead of parsing the reply again; the
+        replayer checks it against the recording.
+        """
 
 
 SPOKEN = ("tools", "json", "text")  # the protocols a scripted agent can answer in

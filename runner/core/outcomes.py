@@ -98,6 +98,15 @@ class AgentKind(_Word):
             return cls.MODEL
 
 
+class Decided(_Word):
+    """What the agent loop made of one action of a model's reply: a cassette's ``decision``
+    events say it, so a viewer reads what the loop did instead of parsing the reply again."""
+
+    COMMAND = "command"  # a command it ran (or began to run)
+    FINISH = "finish"  # the agent said it was done: the loop stopped there
+    NONE = "none"  # nothing it could act on (a protocol violation): it sent a correction
+
+
 class ProbeOutcome(_Word):
     """A probe's three outcomes: an error (the probe could not run) is never a fail."""
 

@@ -1,8 +1,9 @@
-"""Recording wrappers: a real guest and a real model, with every exchange written to a cassette."""
+"""Recording wrappers: a real guest and a real model, with every exchange written to a cassette,
+and what the loop decided of each reply (``decision`` events, see :meth:`Model.decided`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -88,6 +89,11 @@ class RecordingModel(Model):
                                      "usage": reply.usage, "duration": reply.duration,
                                      "attempts": reply.attempts}})
         return reply
+
+    def decided(self, decision: Mapping[str, Any]) -> None:
+        """The loop's decision on one action of the last reply, as a ``decision`` event."""
+        self.writer.write({"type": "decision", **decision})
+        self.inner.decided(decision)
 
     def fingerprint(self) -> dict[str, Any]:
         return self.inner.fingerprint()

@@ -11,7 +11,8 @@ however faithfully it replays.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,10 @@ class ReplayModel(Model):
         self._stream = _Stream(cassette.stream("model"), "model",
                                lambda e: f"the reply to turn {e.get('turn')}")
         self._lenient = lenient
+        # What the loop decided of each reply, when the cassette says (older ones do not).
+        self._decisions = _Stream(cassette.stream("decision"), "decision",
+                                  lambda e: f"{e.get('action')} in turn {e.get('turn')}")
+        self._check_decisions = bool(cassette.stream("decision"))
         fp = cassette.header.get("model", {})
         self._fingerprint = fp
         self.name = str(fp.get("name", "replay"))
@@ -124,12 +129,40 @@ class ReplayModel(Model):
                           usage=reply.get("usage", {}), duration=reply.get("duration", 0.0),
                           attempts=reply.get("attempts", []))
 
+    def decided(self, decision: Mapping[str, Any]) -> None:
+        """The run's decision must be the recorded one, field for field: a report shows the
+        recorded decisions, so a cassette that replays the same says what the loop did.
+
+        A cassette recorded before decisions were has none, and nothing to check.
+        """
+        if not self._check_decisions:
+            return
+        try:
+            event = self._decisions.next(f"{decision.get('action')} in turn {decision.get('turn')}")
+        except ReplayMismatch as exc:
+            if not self._lenient:
+                raise
+            self.mismatches.append(str(exc))
+            return
+        recorded = {k: v for k, v in event.items() if k != "type"}
+        now = json.loads(json.dumps(dict(decision), default=str))  # as the recorder writes it
+        for key in sorted(recorded.keys() | now.keys()):
+            if recorded.get(key) != now.get(key):
+                why = (f"decision {self._decisions.served} (turn {now.get('turn')}): {key}: "
+                       f"the run decided {_short(now.get(key))}, the cassette has "
+                       f"{_short(recorded.get(key))}")
+                if not self._lenient:
+                    raise ReplayMismatch(why)
+                self.mismatches.append(why)
+                return
+
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
 
     def unserved(self) -> str | None:
-        """Recorded turns the run never asked for, as a mismatch message (None if none)."""
-        return self._stream.unserved()
+        """Recorded turns (or decisions) the run never got to, as a mismatch message (None if
+        none)."""
+        return self._stream.unserved() or self._decisions.unserved()
 
 
 def _served(given: dict[str, Any]) -> dict[str, Any]:

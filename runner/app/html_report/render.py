@@ -1,0 +1,155 @@
+"""Rendering: the view model and the plots through the Jinja2 template into one HTML file.
+
+Guest output and model text are hostile. The page is rendered with
+autoescaping on, every value the template emits passes :func:`_finalize`
+(:func:`~runner.app.html_report.fields.text`, so control sequences are
+stripped, and :func:`shown`, so no one text can make the page huge), content
+never goes into a URL or an attribute (CSS classes come from fixed lists),
+and a Content-Security-Policy with no ``script-src`` at all stops anything
+that could still slip through. There is no JavaScript: folding is
+``<details>``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+from runner import __version__
+from runner.app.html_report.fields import text
+from runner.app.html_report.plots import plots
+from runner.app.html_report.view import RunView, load_run_arms, page, runs_from_cassettes
+from runner.app.outputs import write_error
+from runner.app.runs import atomic_write
+from runner.app.signals import Interrupted
+from runner.core import layout
+from runner.core.text import one_line
+
+REPORT_NAME = layout.REPORT
+# Any one text shown (an output, a reply, a task): real runs cap outputs at the scenario's
+# output_limit (4000 by default); a crafted cassette's 10 MB output must not make a 25 MB page.
+MAX_SHOWN_CHARS = 20_000
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+
+def shown(value: str, limit: int | None = None) -> str:
+    """``value`` cut to ``limit`` characters (default :data:`MAX_SHOWN_CHARS`), saying by how much.
+
+    A real run caps what the model is sent of each output (the budget's
+    ``output_limit``); a cassette handed over may hold anything up to its own
+    size cap, and a report shows every text of it, so each is cut here.
+    """
+    limit = MAX_SHOWN_CHARS if limit is None else limit
+    if len(value) <= limit:
+        return value
+    return (f"{value[:limit]}\n[... {len(value) - limit:,} more characters of "
+            f"{len(value):,} cut from the report; the cassette has them all]")
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ value }}`` the template emits passes here first: cleaned text, never markup,
+    at most :data:`MAX_SHOWN_CHARS` characters of it."""
+    if value is None:
+        return ""
+    if isinstance(value, markupsafe.Markup):  # a macro's output: made here, its values already cleaned
+        return value
+    return value if isinstance(value, int | float) and not isinstance(value, bool) \
+        else shown(text(value))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("runner.app", "templates"),
+        autoescape=True,  # every template, whatever its name: nothing is ever emitted raw
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        trim_blocks=True, lstrip_blocks=True,
+    )
+    env.globals.update(vclass=_verdict_class, oclass=_outcome_class, short=_short)
+    return env
+
+
+_VERDICT_CLASS = {"pass": "v-pass", "fail": "v-fail", "infra-error": "v-infra",
+                  "invalid-scenario": "v-invalid"}
+_SHORT = {"pass": "pass", "fail": "fail", "infra-error": "infra", "invalid-scenario": "invalid"}
+
+
+def _verdict_class(verdict: Any) -> str:
+    """A CSS class from a fixed list: verdict text never reaches an attribute."""
+    return _VERDICT_CLASS.get(verdict, "v-other") if isinstance(verdict, str) else "v-other"
+
+
+def _outcome_class(outcome: Any) -> str:
+    return {"pass": "o-pass", "fail": "o-fail", "error": "o-error"}.get(outcome, "o-other") \
+        if isinstance(outcome, str) else "o-other"
+
+
+def _short(verdict: Any) -> str:
+    return _SHORT.get(verdict, "?") if isinstance(verdict, str) else "?"
+
+
+def render(runs: Sequence[RunView], title: str = "rootbench report") -> str:
+    """The whole report for ``runs`` (side by side when there are several), as one HTML string."""
+    drawn = plots(runs)
+    return _environment().get_template("report.html.j2").render(
+        title=text(title), csp=CSP, plots=drawn or [], plots_missing=drawn is None, wilson=True,
+        generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        version=__version__, **page(runs))
+
+
+def write(runs: Sequence[RunView], out: Path | str, title: str = "rootbench report",
+          flag: str | None = None) -> Path:
+    """Render ``runs`` to ``out`` (atomically, with the mode of any new file) and return its path.
+
+    A path that cannot be written is InvalidInput naming it (and ``flag``, the
+    option that chose it); the CLI checks it before any work too, this is for a
+    folder that changed in between.
+    """
+    out = Path(out)
+    page = render(runs, title)
+    try:
+        atomic_write(out, page)
+    except OSError as exc:
+        if (bad := write_error(exc, out, flag)) is not None:
+            raise bad from None
+        raise
+    return out
+
+
+def write_run_report(run_dir: Path | str) -> Path:
+    """``RUNDIR/report.html`` for a bench's run directory."""
+    run_dir = Path(run_dir)
+    return write(load_run_arms(run_dir), run_dir / REPORT_NAME, f"rootbench: {run_dir.name}")
+
+
+def write_cassette_report(cassettes: Sequence[Path | str], out: Path | str,
+                          title: str = "rootbench report") -> Path:
+    """A report of loose cassettes (one run per model and protocol) written to ``out``."""
+    return write(runs_from_cassettes(cassettes), out, title)
+
+
+def refresh(run_dir: Path | str, logger: logging.Logger, *,
+            cassettes: Sequence[Path | str] | None = None) -> Path | None:
+    """(Re)write ``RUNDIR/report.html``; a report that cannot be drawn is a warning, not an error.
+
+    Benches call this after every scenario, so an interrupted bench still has
+    a report; by then results.json is on disk, and a report that fails to
+    render must not stop the bench nor lose what it has done. ``cassettes``:
+    report these (verify's run directories have no results.json).
+    """
+    run_dir = Path(run_dir)
+    try:
+        if cassettes is None:
+            return write_run_report(run_dir)
+        return write_cassette_report(cassettes, run_dir / REPORT_NAME, f"rootbench: {run_dir.name}")
+    except Interrupted:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the results are on disk; a report must not cost them
+        logger.warning("the HTML report could not be written: %s", one_line(str(exc)))
+        return None

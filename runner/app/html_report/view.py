@@ -1,0 +1,421 @@
+"""The report's view model: runs and their episodes as the page shows them.
+
+A :class:`RunView` is one column of the report (a run directory, one arm of
+a matrix bench, or loose cassettes of one model and protocol); each of its
+:class:`EpisodeView` is one row: the verdict line as written, plus the
+:class:`~runner.app.html_report.trajectory.Trajectory` read from its
+cassette when there is one. From these come the overview (what ran: model,
+fingerprint, protocol, budgets, accelerator), the verdict counts, the
+scenario table and the heat map; :func:`page` gathers everything the
+template is handed but the plots.
+
+A run directory is a file the user hands over: its fields only ever pick
+files inside it (:func:`_find_cassette`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.app.html_report.fields import as_dict, as_list, integer, num, text
+from runner.app.html_report.trajectory import Trajectory, load_trajectory
+from runner.app.report import GRADED_COLUMNS
+from runner.app.runs import load_results, relative_name, results_file, shown_path
+from runner.app.stats import deciding, verdict_counts
+from runner.core import layout
+from runner.core.episode import GRADED_FIELDS, Episode
+from runner.core.errors import InvalidInput
+from runner.core.outcomes import AgentKind, Verdict
+
+OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
+
+
+@dataclass
+class EpisodeView:
+    """One row of a run: the Episode dict as written, plus its trajectory (when readable)."""
+
+    data: dict[str, Any]
+    trajectory: Trajectory | None = None
+    problem: str = ""  # why there is no trajectory
+    anchor: str = ""
+    result: Episode | None = None  # ``data`` read as an Episode (None: it is not one, e.g. cut short)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    @property
+    def scenario(self) -> str:
+        return text(self.data.get("scenario")) or "?"
+
+    @property
+    def round(self) -> int:
+        return integer(self.data.get("round"))
+
+    @property
+    def hint_level(self) -> int:
+        return integer(self.data.get("hint_level"))
+
+    @property
+    def verdict(self) -> str:
+        return text(self.data.get("verdict")) or "incomplete"
+
+    @property
+    def flags(self) -> list[str]:
+        return [text(f) for f in as_list(self.data.get("flags"))]
+
+    @property
+    def unsafe(self) -> list[str]:
+        return [text(c) for c in as_list(self.data.get("unsafe_commands"))]
+
+    @property
+    def seconds(self) -> float:
+        return num(self.data.get("seconds")) or 0.0
+
+    @property
+    def turns(self) -> int:
+        return integer(self.data.get("turns"))
+
+    def probes(self, key: str) -> list[dict[str, str]]:
+        """Probe results (``probes``, ``invariants``, ``precheck``, ``baseline``) as text."""
+        return [{k: text(as_dict(p).get(k)) for k in ("name", "kind", "outcome", "detail")}
+                for p in as_list(self.data.get(key))]
+
+
+@dataclass
+class RunView:
+    """One run: a run directory, or loose cassettes of one model and protocol."""
+
+    label: str
+    source: str
+    info: dict[str, Any] = field(default_factory=dict)  # results.json "run", when there is one
+    episodes: list[EpisodeView] = field(default_factory=list)
+
+
+def _as_result(data: dict[str, Any]) -> Episode | None:
+    """A verdict line as an Episode, or None when it is not one (a cassette is a file handed
+    over: any field may be of any type)."""
+    try:
+        return Episode.from_dict(data)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _episode_from_cassette(path: Path, shown: str | None = None) -> EpisodeView:
+    """The cassette at ``path`` as an episode; ``shown`` is what the report calls it (default:
+    its file name)."""
+    named = layout.parse_cassette_name(path.name)
+    scenario = named.scenario if named else layout.cassette_stem(path)
+    try:
+        traj = load_trajectory(path)
+    except InvalidInput as exc:
+        return EpisodeView({"scenario": scenario, "verdict": "incomplete"},
+                           problem=text(exc).replace(str(path), shown or path.name))
+    traj.shown = shown or path.name
+    data = dict(traj.verdict or {})
+    data.pop("type", None)
+    if not data:
+        n = len(traj.turns)
+        data = {"scenario": traj.scenario.get("id") or scenario, "verdict": "incomplete",
+                "round": traj.header.get("round", 0), "hint_level": traj.header.get("hint_level", 0),
+                "model": traj.model_name, "protocol": traj.protocol, "turns": n,
+                "commands": sum(len(t.commands) for t in traj.turns),
+                "reason": f"the cassette was cut short: it ends after {n} "
+                          f"turn{'' if n == 1 else 's'}, before a verdict"}
+        return EpisodeView(data, traj)
+    return EpisodeView(data, traj, result=_as_result(data))
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """``path``, symlinks followed, is ``root`` or under it (both resolved)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop, a name too long
+        return False
+
+
+def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]:
+    """The episode's cassette inside ``run_dir``, or None and why it is not shown.
+
+    results.json is a file the user hands over: its ``scenario``, ``arm`` and
+    ``cassette`` fields only ever pick a file *inside* the run directory.
+    ``scenario: ../../../x`` or ``cassette: /etc/passwd`` (or a symlink in
+    ``cassettes/`` pointing out) is never opened.
+    """
+    root = run_dir.resolve()
+    arm = ep.get("arm") if isinstance(ep.get("arm"), str) else None
+    candidates = []
+    if isinstance(ep.get("scenario"), str):  # where the bench put it: the level's own cassette
+        candidates.append(layout.cassette_path(run_dir, ep["scenario"], integer(ep.get("round")),
+                                               integer(ep.get("hint_level")), arm))
+    if isinstance(ep.get("cassette"), str):  # a run directory moved: the recorded name in it
+        recorded = Path(ep["cassette"])
+        candidates += [recorded, layout.arm_folder(run_dir / layout.CASSETTES, arm) / recorded.name]
+    outside = False
+    for c in candidates:
+        try:
+            if not c.is_file():
+                continue
+        except OSError:
+            continue
+        if _inside(c, root):
+            return c, ""
+        outside = True
+    if outside:
+        return None, "its cassette is outside the run directory (not read)"
+    return None, "its cassette is not in the run directory"
+
+
+def load_run_dir(run_dir: Path | str) -> RunView:
+    """A bench's run directory: results.json, and each episode's cassette when it is there."""
+    run_dir = Path(run_dir)
+    results_file(run_dir)  # says what is there instead, when it is not a results file
+    info, episodes = load_results(run_dir)
+    run = RunView(label=text(run_dir.name), source=text(shown_path(run_dir)), info=info)
+    for ep in episodes:
+        data = ep.to_dict()
+        cassette, why = _find_cassette(run_dir, data)
+        if cassette is None:
+            run.episodes.append(EpisodeView(data, problem=why, result=ep))
+            continue
+        read = _episode_from_cassette(cassette, relative_name(str(cassette.resolve()), run_dir))
+        run.episodes.append(EpisodeView(data, read.trajectory, read.problem, result=ep))
+    return run
+
+
+def load_run_arms(run_dir: Path | str) -> list[RunView]:
+    """A run directory as runs to show side by side: itself, or one run per arm of a matrix
+    bench (model x protocol), each labelled ``<dir> · <arm>``, in the order the bench ran them."""
+    run = load_run_dir(run_dir)
+    arms = list(dict.fromkeys(text(ep.get("arm")) for ep in run.episodes if ep.get("arm")))
+    if not arms:
+        return [run]
+    return [RunView(label=f"{run.label} · {arm}", source=run.source, info=run.info,
+                episodes=[ep for ep in run.episodes if text(ep.get("arm")) == arm])
+            for arm in arms]
+
+
+def runs_from_cassettes(paths: Iterable[Path | str]) -> list[RunView]:
+    """Loose cassettes, one run per model and protocol (in the order first seen)."""
+    runs: dict[tuple[str, str], RunView] = {}
+    for path in map(Path, paths):
+        ep = _episode_from_cassette(path)
+        model = ep.trajectory.model_name if ep.trajectory else text(ep.get("model")) or "?"
+        protocol = ep.trajectory.protocol if ep.trajectory else text(ep.get("protocol")) or "?"
+        key = (model, protocol)
+        if key not in runs:
+            runs[key] = RunView(label=f"{model} · {protocol}", source=text(shown_path(path.parent)))
+        runs[key].episodes.append(ep)
+    return list(runs.values())
+
+
+# --- the overview, the table and the heat map --------------------------------------------------------------------------------
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_fmt(v) for v in value)
+    return text(value)
+
+
+def _distinct(values: Iterable[str]) -> str:
+    seen: list[str] = []
+    for v in values:
+        if v and v not in seen:
+            seen.append(v)
+    return "; ".join(seen) or "-"
+
+
+def _facts(run: RunView) -> list[tuple[str, str]]:
+    """What ran, from the cassette headers and results.json's ``run``."""
+    headers = [ep.trajectory.header for ep in run.episodes if ep.trajectory]
+    agent = as_dict(run.info.get("agent"))
+    options = as_dict(run.info.get("options"))
+    fps = [as_dict(h.get("model")) for h in headers]
+
+    def fp(key: str) -> str:
+        return _distinct(_fmt(f.get(key)) for f in fps if f.get(key) is not None)
+
+    facts = [
+        ("agent", _distinct([*(agent_kind(h.get("agent")) for h in headers), agent_kind(agent.get("kind"))])),
+        ("model", _distinct([*(text(f.get("name")) for f in fps), text(agent.get("model"))])),
+    ]
+    skip = {"name", "kind", "sampling"}
+    keys = [k for f in fps for k in f if k not in skip]
+    for key in dict.fromkeys(keys):
+        facts.append((f"fingerprint: {text(key)}", fp(key)))
+    facts.append(("protocol", _distinct(
+        f"{text(as_dict(h.get('protocol')).get('name'))} ({text(as_dict(h.get('protocol')).get('reason'))})"
+        for h in headers) if headers else text(options.get("protocol")) or "-"))
+    sampling = _distinct(_fmt(f.get("sampling")) for f in fps if f.get("sampling"))
+    if sampling == "-" and agent:
+        sampling = _fmt({k: agent.get(k) for k in ("temperature", "seed", "max_tokens")
+                         if k in agent})
+    facts.append(("sampling", sampling or "-"))
+    if agent.get("ctx_size") is not None:
+        facts.append(("context window", _fmt(agent.get("ctx_size"))))
+    facts.append(("budgets", _distinct(_budget(as_dict(ep.trajectory.scenario.get("budget")))
+                                        for ep in run.episodes if ep.trajectory)))
+    facts.append(("harness", _distinct([
+        *(text(as_dict(h.get("harness")).get("version")) for h in headers),
+        text(run.info.get("harness"))])))
+    images = [as_dict(h.get("image")) for h in headers]
+    facts.append(("accelerator", _distinct(
+        [*(text(i.get("accel")) for i in images),
+         *(f"{text(as_dict(h.get('options')).get('accel'))} asked" for h in headers),
+         text(options.get("accel"))])))
+    facts.append(("transport", _distinct(text(i.get("transport")) for i in images)))
+    facts.append(("guest image", _distinct(
+        f"{text(i.get('image'))} (sha256 {text(i.get('image_sha256'))[:16]})"
+        for i in images if i.get("image"))))
+    facts.append(("QEMU", _distinct(text(i.get("qemu_version")) for i in images)))
+    started = sorted(text(h.get("started_at")) for h in headers if h.get("started_at"))
+    facts.append(("started", f"{started[0]} … {started[-1]}" if len(started) > 1
+                  else (started[0] if started else "-")))
+    facts.append(("source", run.source))
+    return [(k, v) for k, v in facts if v and v != "-"]
+
+
+def agent_kind(kind: Any) -> str:
+    """The agent's spelling today (older cassettes say ``openai`` for a model)."""
+    if kind is None:
+        return ""
+    try:
+        return AgentKind(kind).value
+    except ValueError:
+        return text(kind)
+
+
+def _budget(b: dict[str, Any]) -> str:
+    if not b:
+        return ""
+    return (f"{_fmt(b.get('turns'))} turns, {_fmt(b.get('seconds'))} s, "
+            f"{_fmt(b.get('command_timeout'))} s a command, {_fmt(b.get('output_limit'))} chars output")
+
+
+def _counts(run: RunView) -> dict[str, int]:
+    """Episodes per verdict (:func:`verdict_counts`), and the cassettes cut short before one."""
+    out = verdict_counts([ep.result for ep in run.episodes if ep.result is not None])
+    if incomplete := sum(ep.result is None for ep in run.episodes):
+        out["incomplete"] = incomplete
+    return out
+
+
+# Columns another part of the harness may add to Episode; shown when any episode has them. The
+# hint level is the level the episode ran at; a round's assist (the lowest level that passed,
+# see runner.app.stats) is what the heat map shows.
+OPTIONAL_COLUMNS = (("hint_level", "hint level"), *GRADED_COLUMNS)
+
+
+def _optional_columns(runs: Sequence[RunView]) -> list[tuple[str, str]]:
+    return [(key, title) for key, title in OPTIONAL_COLUMNS
+            if any(ep.get(key) is not None for run in runs for ep in run.episodes)]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "fixed_at" and isinstance(value, dict):  # {"turn", "seconds"}
+        turn, seconds = num(value.get("turn")), num(value.get("seconds"))
+        if turn is not None and seconds is not None:
+            return f"{seconds:.1f} s (turn {turn:g})"
+    n = num(value)
+    if key == "fixed_at" and n is not None:
+        return f"{n:.1f} s"
+    if n is not None:
+        return f"{n:.2f}" if key in ("score", "milestone_fraction") else f"{n:g}"
+    return _fmt(value)
+
+
+def _row(ep: EpisodeView, optional: list[tuple[str, str]]) -> dict[str, Any]:
+    tokens_in, tokens_out = integer(ep.get("tokens_in")), integer(ep.get("tokens_out"))
+    return {
+        "scenario": ep.scenario, "round": ep.round + 1, "verdict": ep.verdict,
+        "flags": ", ".join(text(f) for f in as_list(ep.get("flags"))) or "",
+        "turns": integer(ep.get("turns")), "commands": integer(ep.get("commands")),
+        "repeats": integer(ep.get("repeats")),
+        "seconds": f"{num(ep.get('seconds')) or 0.0:.1f}",
+        "tokens": f"{tokens_in} / {tokens_out}" if tokens_in or tokens_out else "-",
+        "extra": [_cell(key, ep.get(key)) for key, _title in optional],
+        "reason": text(ep.get("reason")), "anchor": ep.anchor,
+    }
+
+
+def _deciding(run: RunView) -> dict[tuple[str, int], EpisodeView]:
+    """Per (scenario, round), the episode its heat map cell shows: the one that decides the round
+    (:func:`runner.app.stats.deciding`: in a ladder, the pass at the lowest level, else the last
+    level tried); a round of cassettes cut short only, its last one."""
+    cells = {(ep.scenario, ep.round): ep for ep in run.episodes}  # every round has a cell
+    by_result = {id(ep.result): ep for ep in run.episodes if ep.result is not None}
+    for key, result in deciding([ep.result for ep in run.episodes if ep.result]).items():
+        cells[key] = by_result[id(result)]
+    return cells
+
+
+def _heatmap(runs: Sequence[RunView]) -> dict[str, Any]:
+    """Scenarios (rows) by run and round (columns); each cell the round's verdict, the hint level
+    it passed at when above 0, and a link to that episode."""
+    scenarios = list(dict.fromkeys(ep.scenario for run in runs for ep in run.episodes))
+    columns = []
+    for i, run in enumerate(runs):
+        for r in sorted({ep.round for ep in run.episodes}):
+            columns.append((i, r, f"r{r + 1}"))
+    cells = {(i, *key): ep for i, run in enumerate(runs) for key, ep in _deciding(run).items()}
+    rows = []
+    for s in scenarios:
+        row = []
+        for i, r, _label in columns:
+            ep = cells.get((i, s, r))
+            row.append({"verdict": ep.verdict, "anchor": ep.anchor,
+                        "level": ep.hint_level if ep.verdict == Verdict.PASS.value else 0}
+                       if ep else None)
+        rows.append({"scenario": s, "cells": row})
+    groups = Counter(i for i, _r, _l in columns)
+    return {"columns": columns, "rows": rows,
+            "leveled": any(c and c["level"] for row in rows for c in row["cells"]),
+            "groups": [(runs[i].label, groups[i]) for i in sorted(groups)]}
+
+
+def extra_fields(ep: EpisodeView) -> list[tuple[str, str]]:
+    """Fields other parts of the harness add to an episode (score, milestones, ...), as text."""
+    out = [(text(key), _fmt(ep.get(key))) for key in ("hint_level", *GRADED_FIELDS)
+           if ep.get(key) is not None and ep.get(key) is not False and ep.get(key) not in ([], {})]
+    if phases := phases_text(ep.get("phases")):
+        out.append(("phases", phases))
+    return out
+
+
+def phases_text(phases: Any) -> str:
+    """``restore 1.2 s · baseline 0.3 s · ...``: where the episode's time went, in run order.
+
+    The names come from a file (a cassette may be hostile), so they pass
+    :func:`text` like everything else; a value that is not a number is left out.
+    """
+    shown = [f"{text(name)} {seconds:.2f} s" for name, value in as_dict(phases).items()
+             if (seconds := num(value)) is not None]
+    return " · ".join(shown)
+
+
+def page(runs: Sequence[RunView]) -> dict[str, Any]:
+    """What the template is handed of ``runs`` (side by side when there are several), the plots,
+    title and page furniture aside; gives each episode its anchor on the page."""
+    total = sum(len(run.episodes) for run in runs)
+    for i, run in enumerate(runs):
+        for j, ep in enumerate(run.episodes):
+            ep.anchor = f"run{i}-ep{j}"
+    optional = _optional_columns(runs)
+    views = []
+    for run in runs:
+        views.append({
+            "label": run.label, "facts": _facts(run), "counts": _counts(run),
+            "rows": [_row(ep, optional) for ep in run.episodes],
+            "episodes": run.episodes,
+        })
+    return {"runs": views, "optional": [t for _k, t in optional], "heatmap": _heatmap(runs),
+            "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields}
