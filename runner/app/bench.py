@@ -331,8 +331,8 @@ def same_agent(run_dir: Path, arms: list[Arm], opts: RunOptions) -> None:
     """``--resume`` must ask for the agent, model, server, sampling and protocol run.json says;
     else it would append mismatched episodes. One line naming the field, InvalidInput."""
     info = _run_json(run_dir)
-    had_agent = info.get("agent") if isinstance(info.get("agent"), dict) else {}
-    had_opts = info.get("options") if isinstance(info.get("options"), dict) else {}
+    had_agent = v if isinstance(v := info.get("agent"), dict) else {}
+    had_opts = v if isinstance(v := info.get("options"), dict) else {}
     choice = arms[0].choice
     scripted = choice.kind is not AgentKind.MODEL
     now_agent: dict[str, Any] = {**dataclasses.asdict(choice), "kind": choice.kind.value}
