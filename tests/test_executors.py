@@ -170,6 +170,12 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
         run_bench([s], oracle, RunOptions(), run, resume=True)
     again = run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
     assert [e.arm for e in again] == ["oracle-tools-h0", "oracle-tools-h1"]
+    # a run.json whose arms lost their labels (edited by hand) is refused in words, not a TypeError
+    info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    info["arms"] = [{"protocol": "tools"}, {"label": 7}]
+    (run / "run.json").write_text(json.dumps(info), encoding="utf-8")
+    with pytest.raises(InvalidInput, match="a bench of None, 7; resume it with the same"):
+        run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
     # a recorded cassette of another protocol is refused, never passed off as this arm's
     with pytest.raises(InvalidInput, match="speaks protocol tools, this run asks for json"):
         run_bench([s], oracle, RunOptions(), tmp_path / "json",
