@@ -316,8 +316,9 @@ def load_trajectory(path: Path | str) -> Trajectory:
                                             int(code) if code is not None else None,
                                             _num(result.get("duration")), text(result.get("output"))))
             elif op == "exec" and turn is not None:
-                cmd = pending.pop(0) if pending else None
-                if cmd is None:  # a command the re-parse did not predict: show it all the same
+                if pending:
+                    cmd = pending.pop(0)
+                else:  # a command the re-parse did not predict: show it all the same
                     key = str(given.get("command", "")).strip()
                     runs[key] += 1
                     cmd = Command(command=text(given.get("command")), times_run=runs[key])
@@ -659,7 +660,7 @@ def _heatmap(runs: Sequence[Run]) -> dict[str, Any]:
         for r in sorted({ep.round for ep in run.episodes}):
             columns.append((i, r, f"r{r + 1}"))
     cells = {(i, *key): ep for i, run in enumerate(runs) for key, ep in _deciding(run).items()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in scenarios:
         row = []
         for i, r, _label in columns:
