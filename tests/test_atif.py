@@ -1,8 +1,11 @@
-"""ATIF export: every committed cassette becomes a trajectory.json that Harbor's RFC (ATIF-v1.4) accepts."""
+"""ATIF export: every committed cassette becomes a Harbor trial folder whose agent/trajectory.json
+Harbor's RFC (ATIF-v1.4) accepts, with step timestamps from the cassette's clock, the reward where
+Harbor reads it (verifier/reward.txt, reward.json) and no path of the machine that ran it."""
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +15,7 @@ import pytest
 
 from runner.app.atif import SCHEMA_VERSION, export
 from runner.app.cli import main
+from runner.core.cassette import Cassette
 from runner.core.paths import repo_root
 
 RECORDINGS = repo_root() / "recordings"
@@ -55,6 +59,78 @@ def test_every_committed_cassette_exports_to_valid_atif(tmp_path: Path) -> None:
         assert len(agent_steps) == episode["turns"]
         assert fm["total_prompt_tokens"] == episode["tokens_in"]
         assert "\x1b" not in path.read_text()
+        # Every step is timed (ISO 8601, UTC), in order, within the run.
+        times = [dt.datetime.fromisoformat(s["timestamp"]) for s in doc["steps"]]
+        assert times == sorted(times) and all(t.utcoffset() == dt.timedelta(0) for t in times)
+        start = dt.datetime.fromisoformat(doc["extra"]["rootbench"]["started_at"])
+        assert start <= times[0] and times[-1] <= start + dt.timedelta(
+            seconds=episode["seconds"] + 1)
+
+
+def test_step_timestamps_are_the_header_start_plus_the_cassette_clock(tmp_path: Path) -> None:
+    cassette = LIVE_JSON / "rogue-port-80.r0.jsonl"
+    [path] = export([cassette], tmp_path)
+    steps = json.loads(path.read_text())["steps"]
+    events = Cassette.load(cassette).events
+    start = dt.datetime.fromisoformat(events[0]["started_at"])
+    clocks = [e["t"] for e in events if e["type"] == "clock"]
+    # The first agent step: the first clock reading after the first model reply.
+    i = next(n for n, e in enumerate(events) if e["type"] == "model")
+    reply_t = next(e["t"] for e in events[i:] if e["type"] == "clock")
+    expected = start + dt.timedelta(seconds=reply_t)
+    assert dt.datetime.fromisoformat(steps[2]["timestamp"]) == expected.replace(
+        microsecond=expected.microsecond // 1000 * 1000)
+    assert steps[2]["timestamp"].endswith("Z")
+    first = start + dt.timedelta(seconds=clocks[0])
+    assert dt.datetime.fromisoformat(steps[0]["timestamp"]) == first.replace(
+        microsecond=first.microsecond // 1000 * 1000) == dt.datetime.fromisoformat(
+        steps[1]["timestamp"])
+
+
+def test_the_verdict_and_score_are_where_harbor_reads_a_trials_reward(tmp_path: Path) -> None:
+    archive = RECORDINGS / "archive" / "2026-12-04-before-validity" / "qwen2.5-coder-1.5b-json"
+    export([archive / "ssh-stopped.r0.jsonl", archive / "rogue-port-80.r0.jsonl"], tmp_path)
+    passed, failed = tmp_path / "ssh-stopped.r0" / "verifier", tmp_path / "rogue-port-80.r0" / "verifier"
+    assert (passed / "reward.txt").read_text() == "1\n"
+    assert json.loads((passed / "reward.json").read_text()) == {
+        "reward": 1.0, "score": 1.0, "milestones": 1.0}
+    assert (failed / "reward.txt").read_text() == "0\n"
+    failed_doc = json.loads((failed / "reward.json").read_text())
+    assert failed_doc["reward"] == 0.0 and 0 <= failed_doc["score"] < 1
+    assert all(isinstance(v, float) for v in failed_doc.values())  # Harbor: a flat map of numbers
+    # A cassette cut short has no verdict: no reward file, as a trial whose verifier wrote none.
+    cut = tmp_path / "cut" / "ssh-stopped.r0.jsonl"
+    cut.parent.mkdir()
+    cut.write_text("".join((archive / "ssh-stopped.r0.jsonl").read_text().splitlines(True)[:-1]))
+    export([cut], tmp_path / "out")
+    assert (tmp_path / "out" / "ssh-stopped.r0" / "agent" / "trajectory.json").is_file()
+    assert not (tmp_path / "out" / "ssh-stopped.r0" / "verifier").exists()
+
+
+def test_no_local_path_of_the_recording_or_exporting_machine_is_exported(tmp_path: Path) -> None:
+    """Verdict lines record where the bench kept the cassette (/work/main/runs/..., /tmp/...),
+    headers the spec file it read: neither, nor where the export read or wrote, is in an export."""
+    local: set[str] = {str(tmp_path), str(RECORDINGS.resolve())}
+    for cassette in RECORDINGS.rglob("*.jsonl"):
+        cas = Cassette.load(cassette)
+        local.add(str(cassette.resolve().parent))
+        for recorded in ((cas.verdict or {}).get("cassette"), cas.header["scenario"].get("path")):
+            if isinstance(recorded, str) and recorded.startswith("/"):
+                local.add(str(Path(recorded).parent))
+    assert any(p.startswith("/work/main/runs/") for p in local)  # the leak this guards against
+    export([RECORDINGS.resolve()], tmp_path / "out")
+    for path in (tmp_path / "out").rglob("*.json"):
+        text = path.read_text()
+        leaked = [p for p in local if p in text]
+        assert leaked == [], path
+    # Named relative to the folder exported: here the run-like folder holding it.
+    archive = RECORDINGS / "archive" / "2026-12-04-before-validity"
+    export([archive.resolve()], tmp_path / "one")
+    doc = json.loads((tmp_path / "one" / "ssh-stopped.r0" / "agent" / "trajectory.json").read_text())
+    cassette = doc["extra"]["rootbench"]["cassette"]
+    assert cassette in ("qwen2.5-coder-1.5b-json/ssh-stopped.r0.jsonl",
+                        "qwen2.5-coder-0.5b-json/ssh-stopped.r0.jsonl")
+    assert doc["extra"]["rootbench"]["episode"]["cassette"] == cassette
 
 
 def test_a_json_protocol_turn_maps_to_a_tool_call_and_its_observation(tmp_path: Path) -> None:
@@ -125,7 +201,7 @@ def test_cli_export_of_a_run_directory_defaults_to_its_atif_folder(tmp_path: Pat
     shutil.copytree(LIVE_JSON, run / "cassettes")
     assert main(["-q", "export", "--format", "atif", str(run)]) == 0
     printed = capsys.readouterr().out.split()
-    assert printed == [str(run / "atif" / f"{p.stem}" / "trajectory.json")
+    assert printed == [str(run / "atif" / f"{p.stem}" / "agent" / "trajectory.json")
                        for p in sorted(LIVE_JSON.glob("*.jsonl"))]
     assert all(_rfc_errors(json.loads(Path(p).read_text())) == [] for p in printed)
 

@@ -47,7 +47,7 @@ def test_validate_bad_file_exit_2_one_line_no_traceback(tmp_path: Path, content:
     (["run", "specs/rogue-port-80.yaml", "--model-file", "/nope.gguf"], "--model-file"),
     (["model", "fetch", "gpt-17"], "unknown model 'gpt-17'"),
     (["image", "build", "no-such-image"], "no image recipe 'no-such-image'"),
-    (["report", "/tmp"], "not a run directory"),
+    (["report", "docs"], "docs: not a run directory or a folder of cassettes (no results.json)"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], fragment: str) -> None:
     r = rb(*args)

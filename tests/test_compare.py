@@ -115,6 +115,111 @@ def test_oracle_is_better_than_noop(oracle_run: Path, tmp_path: Path) -> None:
     assert c["mcnemar_p"] == pytest.approx(2 / 256)
     assert c["pass_diff_ci"][0] > 0 and c["winner"] == "a"
     r = _cli("compare", str(oracle_run), str(noop))
-    assert "A is better than B" in r.stdout
+    assert "first tries: oracle is better than noop" in r.stdout
     r = _cli("compare", str(noop), str(oracle_run))
-    assert "B is better than A" in r.stdout
+    assert "first tries: oracle is better than noop" in r.stdout
+
+
+# --- the published figures: docs/results.md against what the code computes today ---------------
+
+DOCS = repo_root() / "docs" / "results.md"
+# (recordings folder of A, of B): each pair's compare is a "$ rootbench compare A B" block in
+# docs/results.md, and each folder a row of a statistics table whose model cell links to it.
+# The re-measured runs in recordings/live/ get a line here when the page shows them.
+PUBLISHED = [
+    pytest.param("recordings/archive/2026-12-04-before-validity/qwen2.5-coder-1.5b-json",
+                 "recordings/archive/2026-12-04-before-validity/qwen2.5-coder-0.5b-json",
+                 id="2026-12-04-before-validity"),
+]
+
+
+def _documented_compare(a: str, b: str) -> str:
+    """The output shown under ``$ rootbench compare A B`` in the docs' fenced block."""
+    command = f"$ rootbench compare {a} {b}\n"
+    text = DOCS.read_text()
+    assert command in text, f"docs/results.md has no block of {command.strip()}"
+    rest = text[text.index(command) + len(command):]
+    return rest[:rest.index("\n```")]
+
+
+def _documented_row(folder: str) -> dict[str, str]:
+    """The statistics table row whose model cell links to ``folder``, by column title."""
+    lines = DOCS.read_text().splitlines()
+    (i,) = [n for n, line in enumerate(lines) if line.startswith("|") and f"](../{folder}/)" in line]
+    head = i
+    while lines[head - 1].startswith("|"):
+        head -= 1
+    cells = [c.strip() for c in lines[i].strip("|").split("|")]
+    titles = [c.strip() for c in lines[head].strip("|").split("|")]
+    return dict(zip(titles, cells, strict=True))
+
+
+def _ci(point: float, ci: list[float]) -> str:
+    return f"{point:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+@pytest.mark.parametrize(("a", "b"), PUBLISHED)
+def test_the_published_compare_is_what_compare_prints_today(a: str, b: str) -> None:
+    r = _cli("compare", a, b)  # relative paths, as the docs show them, from the checkout's root
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == _documented_compare(a, b)
+
+
+@pytest.mark.parametrize(("a", "b"), PUBLISHED)
+def test_the_published_statistics_rows_are_what_report_computes_today(a: str, b: str) -> None:
+    for folder in (a, b):
+        r = _cli("report", folder, "--format", "json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        o = doc["statistics"]["overall"]
+        row = _documented_row(folder)
+        assert row["episodes"] == str(o["runs"]) == str(len(doc["episodes"]))
+        assert row["scenarios"] == f"{len(doc['statistics']['scenarios'])} of " \
+                                   f"{len(doc['statistics']['scenarios'])}"
+        assert row["pass@1 at level 0 [95 % CI]"] == _ci(o["pass_at_1"], o["pass_at_1_ci"])
+        assert row["solved with hints"].split(":")[0] == f"{o['solved']} of {o['scored']}"
+        assert row["mean assist [95 % CI]"] == ("-" if o["mean_assist"] is None
+                                                else _ci(o["mean_assist"], o["mean_assist_ci"]))
+        assert row["mean score [95 % CI]"] == _ci(o["mean_score"], o["mean_score_ci"])
+        assert row["milestones (first tries)"] == f"{o['mean_milestones']:.2f}"
+        assert row["median time to fix"] == (
+            "- (never fixed)" if not o["fixed"] else
+            f"{o['median_fix_s']:.1f} s ({o['fixed']} fixed run{'s' if o['fixed'] > 1 else ''})")
+        # The episodes were read from the cassettes' verdict lines: no machine's paths shown.
+        assert all(not str(ep["cassette"]).startswith("/") for ep in doc["episodes"])
+
+
+def test_compare_names_the_models_and_explains_the_test(oracle_run: Path, tmp_path: Path) -> None:
+    # A recordings folder (cassettes, no results.json) against the run directory made from it.
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    for i in IDS:
+        shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")
+    r = _cli("compare", str(rec), str(oracle_run))
+    assert r.returncode == 0, r.stderr
+    assert "A: oracle (A), from " in r.stdout and "B: oracle (B), from " in r.stdout
+    assert "| pass@1 [95% CI]" in r.stdout and "4/4 = 1.00 [0.51, 1.00] at level 0" in r.stdout
+    assert "McNemar's exact test on the 4 paired first tries: only A passed 0, only B passed 0, " \
+           "p = 1.00" in r.stdout
+    assert "(p: the chance of a split at least this uneven if A and B were equally good" in r.stdout
+    assert "4 scored first tries had no partner" in r.stdout  # the run's round 1 has none in rec
+    assert "A is better" not in r.stdout and "B is better" not in r.stdout
+    # A cassette cut short (no verdict line) has no episode: said, not silently dropped.
+    lines = (ORACLE / f"{IDS[0]}.jsonl").read_text().splitlines(True)
+    (rec / f"{IDS[0]}.jsonl").write_text("".join(lines[:-1]))
+    r = _cli("compare", str(rec), str(oracle_run), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (c,) = json.loads(r.stdout)["comparisons"]
+    assert (c["a"]["cut_short"], c["a"]["episodes"], c["pairs"]) == (1, 3, 3)
+    r = _cli("compare", str(rec), str(oracle_run))
+    assert "1 of A's cassettes end before a verdict (cut short) and are left out" in r.stdout
+
+
+def test_a_folder_with_neither_results_nor_cassettes_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    for command in ("compare", "report"):
+        args = [str(tmp_path / "empty")] * (2 if command == "compare" else 1)
+        r = _cli(command, *args)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == f"rootbench: {tmp_path / 'empty'}: not a run directory or a " \
+                                   "folder of cassettes (no results.json)"

@@ -158,7 +158,9 @@ def test_report_and_export_files_have_the_mode_of_other_run_files(tmp_path: Path
     cassette_mode = stat.S_IMODE((run / "cassettes" / f"{IDS[0]}.r0.jsonl").stat().st_mode)
     umask = os.umask(0)
     os.umask(umask)
-    for made in [run / "report.html", *run.glob("atif/*/trajectory.json")]:
+    made_files = [run / "report.html", *run.glob("atif/*/*/*.*")]
+    assert len(made_files) == 4  # the report, agent/trajectory.json, verifier/reward.txt, .json
+    for made in made_files:
         assert stat.S_IMODE(made.stat().st_mode) == 0o666 & ~umask == cassette_mode, made
 
 

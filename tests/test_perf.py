@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vm
 
 
 def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
-    r = subprocess.run([sys.executable, "-m", "runner", "-q", "perf", "--json", "--no-model", "--no-verify"],
+    r = subprocess.run([sys.executable, "-m", "runner", "-q", "perf", "--format", "json", "--no-model", "--no-verify"],
                        capture_output=True, text=True, timeout=1800, cwd=repo_root())
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)  # one JSON document

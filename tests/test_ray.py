@@ -8,12 +8,14 @@ TMPDIR, so their VMs' sockets and overlays live where the test can look.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -168,3 +170,62 @@ def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback
     pid = int((folder / "llama-server.pid").read_text())
     cmdline = Path(f"/proc/{pid}/cmdline")
     assert not cmdline.exists() or b"llama-server" not in cmdline.read_bytes()
+
+
+def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ray-address auto`` resolves as Ray's own tools do: the cluster the last ``ray start``
+    recorded in Ray's temp directory (RAY_TMPDIR here, so only this test's cluster is there).
+
+    No VM runs: the bench is refused just after the address is accepted (``--record-mode
+    none`` with no recordings), which is the first check that comes after it.
+    """
+    temp = Path(tempfile.mkdtemp(prefix="rbray-", dir="/tmp"))  # short: Ray's socket paths
+    with socket.socket() as s:  # a free port for this head, not the default 6379
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    env = {**os.environ, "RAY_TMPDIR": str(temp)}
+    log = (tmp_path / "head.log").open("w")
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+                             f"--port={port}", f"--temp-dir={temp / 'ray'}", "--num-cpus=1",
+                             "--resources={\"vm\": 1}", "--include-dashboard=false",
+                             "--disable-usage-stats"], stdout=log, stderr=log, env=env,
+                            start_new_session=True)
+    try:
+        recorded = temp / "ray" / "ray_current_cluster"
+        deadline = time.monotonic() + 300
+        while not recorded.is_file() and time.monotonic() < deadline and head.poll() is None:
+            time.sleep(0.5)
+        assert recorded.is_file(), (tmp_path / "head.log").read_text()[-2000:]
+        empty = tmp_path / "recordings"
+        empty.mkdir()
+        r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
+                            "--executor", "ray", "--ray-address", "auto", "--only", "rogue-port-80",
+                            "--record-to", str(empty), "--record-mode", "none",
+                            "--runs-dir", str(tmp_path / "runs")],
+                           capture_output=True, text=True, timeout=300, cwd=repo_root(), env=env)
+        assert r.returncode == 2, r.stderr
+        found, refused = r.stderr.strip().splitlines()
+        assert found.startswith("[bench] --ray-address auto: ") and found.endswith(f":{port}")
+        assert refused.startswith("rootbench: --record-mode: --record-mode none needs a "), refused
+        assert not (tmp_path / "runs").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        log.close()
+        time.sleep(2)
+        left = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True,
+                              timeout=10).stdout.split()
+        for pid in left:  # only the processes of this cluster (they name its temp dir)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"Ray processes outlived the head: {left}"

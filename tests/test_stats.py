@@ -319,8 +319,18 @@ def test_pairing_skips_unscored_runs_and_pairs_in_order_when_rounds_repeat() -> 
     assert (c.pairs, c.unpaired, c.by_order) == (2, 0, True)
 
 
-def test_hint_levels_are_paired_separately() -> None:
+def test_only_first_tries_are_paired_and_only_at_the_same_hint_level() -> None:
     a = [_ep("s1", "pass", 0, hint_level=0), _ep("s1", "pass", 0, hint_level=2)]
     b = [_ep("s1", "fail", 0, hint_level=2)]
+    c = compare(a, b)  # A's first try ran at level 0, B's at 2: not the same question
+    assert (c.pairs, c.unpaired) == (0, 2)
+    # A ladder: only the level-0 runs pair; the hints are compared round by round apart.
+    a = [_ep("s1", "fail", 0), _ep("s1", "pass", 0, hint_level=1),
+         _ep("s2", "fail", 0), _ep("s2", "fail", 0, hint_level=1)]
+    b = [_ep("s1", "fail", 0), _ep("s1", "fail", 0, hint_level=1),
+         _ep("s2", "fail", 0), _ep("s2", "fail", 0, hint_level=1)]
     c = compare(a, b)
-    assert (c.pairs, c.unpaired) == (1, 1)
+    assert (c.pairs, c.unpaired, c.a_only, c.b_only, c.mcnemar_p) == (2, 0, 0, 0, 1.0)
+    assert (c.solved_pairs, c.a_solved_only, c.b_solved_only) == (2, 1, 0)
+    assert c.solved_p == 1.0 and c.solved_winner == ""
+    assert compare(a[::2], b[::2]).solved_p is None  # no hints on either side: no such test

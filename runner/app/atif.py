@@ -16,8 +16,23 @@ was written from. One ``trajectory.json`` per episode:
   ``extra`` each result's exit code, duration, flags (v1.4 results have no
   ``extra`` of their own); a model call that failed is a ``source: system``
   step saying so;
+- every step has a ``timestamp`` (ISO 8601, UTC, to the millisecond): the
+  header's ``started_at`` plus the run clock's reading recorded in the
+  cassette (the first reading after the model's reply for an agent step,
+  the first reading of the run for the system prompt and the task);
 - the verdict, probes and flags, which ATIF has no field for, are under
-  ``extra.rootbench``.
+  ``extra.rootbench``; the verdict and score also go where Harbor's tooling
+  reads a trial's reward: each episode is exported as a Harbor trial folder,
+  ``<episode>/agent/trajectory.json`` beside ``<episode>/verifier/reward.txt``
+  (one number: 1 for a pass, 0 for a fail) and ``verifier/reward.json`` (a
+  flat map of numbers: ``reward``, and ``score`` and ``milestones`` when the
+  run was graded), the files Harbor's verifier reads into a trial's
+  ``verifier_result.rewards``. An episode that is not scored (infra-error,
+  invalid-scenario, cut short) has no reward file, as a Harbor trial whose
+  verifier wrote none;
+- no path of the machine that ran or exports it: the cassette is named
+  relative to the folder given to ``export`` (or by its file name), and so is
+  the one its verdict line recorded.
 
 Text is what :func:`runner.app.html_report.load_trajectory` reads from the
 cassette: cleaned of terminal control sequences like everything rootbench
@@ -28,6 +43,7 @@ guest's answer (``extra.results[].as_sent``).
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,15 +51,82 @@ from typing import Any
 
 from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
 from runner.app.outputs import check_dir_target, write_error
-from runner.app.runs import atomic_write, slug
+from runner.app.runs import atomic_write, relative_name, slug
 from runner.core import layout
-from runner.core.cassette import digest, find_cassettes
+from runner.core.cassette import Cassette, digest, find_cassettes
 from runner.core.errors import InvalidInput
+from runner.core.outcomes import Verdict
 
 SCHEMA_VERSION = "ATIF-v1.4"
 FORMATS = ("atif",)
 AGENT_NAME = "rootbench"
 FILE_NAME = "trajectory.json"
+AGENT_DIR = "agent"  # a Harbor trial's folders: agent/trajectory.json, verifier/reward.*
+VERIFIER_DIR = "verifier"
+REWARD_TXT = "reward.txt"
+REWARD_JSON = "reward.json"
+
+
+def _started(header: dict[str, Any]) -> _dt.datetime | None:
+    value = header.get("started_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        start = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return start if start.tzinfo else start.replace(tzinfo=_dt.timezone.utc)
+
+
+def step_times(traj: Trajectory) -> tuple[str | None, list[str | None]]:
+    """When the run began (its first clock reading) and when each model call's reply came (the
+    first clock reading after it; the last before it when none follows), as ISO 8601 UTC.
+
+    The cassette's clock records are seconds since the run's clock started, read from the
+    monotonic clock; the header's ``started_at`` (to the second) says when that was. None
+    where the cassette has no start time or no reading to go by.
+    """
+    start = _started(traj.header)
+    if start is None:
+        return None, [None] * len(traj.turns)
+
+    def iso(t: float | None) -> str | None:
+        if t is None:
+            return None
+        return (start + _dt.timedelta(seconds=t)).astimezone(_dt.timezone.utc) \
+            .isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    first: float | None = None
+    last: float | None = None
+    times: list[float | None] = []
+    waiting: int | None = None  # the model call whose reply still waits for a reading
+    for event in Cassette.load(traj.path).events:
+        kind = event.get("type")
+        if kind == "clock" and isinstance(event.get("t"), int | float):
+            last = float(event["t"])
+            first = last if first is None else first
+            if waiting is not None:
+                times[waiting], waiting = last, None
+        elif kind in ("model", "model-error"):
+            times.append(last)
+            waiting = len(times) - 1
+    times += [None] * (len(traj.turns) - len(times))
+    return iso(first if first is not None else 0.0), [iso(t) for t in times[:len(traj.turns)]]
+
+
+def rewards(episode: dict[str, Any]) -> dict[str, float] | None:
+    """What goes in a Harbor trial's ``verifier/reward.json``: ``reward`` 1 for a pass, 0 for
+    a fail, and the graded ``score`` and ``milestones`` fraction when the run has them; None
+    for a run that is not scored (nothing to reward)."""
+    verdict = episode.get("verdict")
+    if verdict not in (Verdict.PASS.value, Verdict.FAIL.value):
+        return None
+    out = {"reward": 1.0 if verdict == Verdict.PASS.value else 0.0}
+    for key, name in (("score", "score"), ("milestone_fraction", "milestones")):
+        value = episode.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
 
 
 def _observation_text(exit_code: int | None, timed_out: bool, output: str) -> str:
@@ -106,8 +189,12 @@ def _agent_step(traj: Trajectory, i: int, step_id: int) -> dict[str, Any]:
     return step
 
 
-def to_atif(traj: Trajectory) -> dict[str, Any]:
-    """One episode's trajectory as an ATIF-v1.4 document."""
+def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
+    """One episode's trajectory as an ATIF-v1.4 document; ``shown`` is what to call its
+    cassette (relative to the folder exported, never a local absolute path; default: its
+    file name)."""
+    shown = shown or traj.path.name
+    began, replied = step_times(traj)
     header = traj.header
     fingerprint = v if isinstance(v := header.get("model"), dict) else {}
     harness = v if isinstance(v := header.get("harness"), dict) else {}
@@ -119,15 +206,26 @@ def to_atif(traj: Trajectory) -> dict[str, Any]:
     ]
     for i, turn in enumerate(traj.turns):
         step_id = len(steps) + 1
+        step: dict[str, Any]
         if turn.error:
-            steps.append({"step_id": step_id, "source": "system",
-                          "message": f"the model call failed ({turn.error_kind or 'error'}): "
-                                     f"{turn.error}",
-                          "extra": {"turn": turn.number, "model_error": turn.error_kind}})
+            step = {"step_id": step_id, "source": "system",
+                    "message": f"the model call failed ({turn.error_kind or 'error'}): "
+                               f"{turn.error}",
+                    "extra": {"turn": turn.number, "model_error": turn.error_kind}}
         else:
-            steps.append(_agent_step(traj, i, step_id))
+            step = _agent_step(traj, i, step_id)
+        if replied[i] is not None:
+            step = {"step_id": step_id, "timestamp": replied[i], **step}
+        steps.append(step)
+    if began is not None:
+        steps[:2] = [{"step_id": s["step_id"], "timestamp": began, **s} for s in steps[:2]]
     agent_steps = [s for s in steps if s["source"] == "agent"]
     episode = {k: v for k, v in (traj.verdict or {}).items() if k != "type"}
+    if "cassette" in episode:  # the path of the machine that ran it: the file read instead
+        episode["cassette"] = shown
+    scenario_doc = dict(traj.scenario)
+    if isinstance(scenario_doc.get("path"), str):  # the spec file where it was recorded: its name
+        scenario_doc["path"] = Path(scenario_doc["path"]).name
     scenario = text(traj.scenario.get("id")) or traj.path.stem
     return {
         "schema_version": SCHEMA_VERSION,
@@ -154,9 +252,9 @@ def to_atif(traj: Trajectory) -> dict[str, Any]:
                                                    "violations") if k in episode},
         },
         "extra": {"rootbench": {
-            "scenario": traj.scenario, "started_at": header.get("started_at"),
+            "scenario": scenario_doc, "started_at": header.get("started_at"),
             "image": header.get("image"), "options": header.get("options"),
-            "episode": episode or None, "cassette": str(traj.path),
+            "episode": episode or None, "cassette": shown,
         }},
     }
 
@@ -171,7 +269,9 @@ def _clean(obj: Any) -> Any:
 
 
 def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
-    """Write ``OUT/<run>/trajectory.json`` for every cassette under ``paths``; the files written.
+    """Write a Harbor trial folder ``OUT/<run>/`` for every cassette under ``paths``:
+    ``agent/trajectory.json`` and, for a scored run, ``verifier/reward.txt`` and
+    ``verifier/reward.json``. Returns the trajectories written.
 
     ``paths`` are run directories (searched for ``*.jsonl``) and cassettes.
     Without ``out``: ``RUNDIR/atif`` for one run directory, else ``./atif``.
@@ -188,32 +288,44 @@ def export(paths: Sequence[Path], out: Path | None = None) -> list[Path]:
         out = paths[0] / "atif" if len(paths) == 1 and paths[0].is_dir() else Path("atif")
     check_dir_target(out, flag)  # before any cassette is read: a bad --out costs no work
     several = len(paths) > 1
-    loaded: list[tuple[str, Trajectory]] = []
+    loaded: list[tuple[str, Trajectory, str]] = []
     for p in paths:
         for cassette in find_cassettes([p]):
             prefix = f"{slug(p.name)}-" if several and p.is_dir() else ""
+            # Named as the folder given holds it (or by its name): never a local absolute path.
+            shown = relative_name(str(cassette.absolute()), p) if p.is_dir() else cassette.name
             loaded.append((prefix + slug(layout.cassette_stem(cassette)),
-                           load_trajectory(cassette)))
+                           load_trajectory(cassette), shown or cassette.name))
     written: list[Path] = []
     used: set[str] = set()
-    for name, traj in loaded:
+    for name, traj, shown in loaded:
         unique, n = name, 1
         while unique in used:
             n += 1
             unique = f"{name}-{n}"
         used.add(unique)
-        target = out / unique / FILE_NAME
-        document = json.dumps(_clean(to_atif(traj)), indent=2, ensure_ascii=False) + "\n"
-        try:
-            if target.parent.exists() and not target.parent.is_dir():
-                raise InvalidInput("exists and is not a directory (each trajectory gets a folder)",
-                                   path=str(target.parent), field=flag)
-            if target.is_dir():
-                raise InvalidInput("exists and is a directory", path=str(target), field=flag)
-            atomic_write(target, document)
-        except OSError as exc:
-            if (bad := write_error(exc, target, flag)) is not None:
-                raise bad from None
-            raise
-        written.append(target)
+        doc = _clean(to_atif(traj, shown))
+        files = {out / unique / AGENT_DIR / FILE_NAME:
+                 json.dumps(doc, indent=2, ensure_ascii=False) + "\n"}
+        if (reward := rewards(doc["extra"]["rootbench"]["episode"] or {})) is not None:
+            files[out / unique / VERIFIER_DIR / REWARD_TXT] = f"{reward['reward']:g}\n"
+            files[out / unique / VERIFIER_DIR / REWARD_JSON] = json.dumps(reward) + "\n"
+        for target, document in files.items():
+            _write(target, document, flag)
+        written.append(out / unique / AGENT_DIR / FILE_NAME)
     return written
+
+
+def _write(target: Path, document: str, flag: str) -> None:
+    try:
+        for folder in (target.parent.parent, target.parent):
+            if folder.exists() and not folder.is_dir():
+                raise InvalidInput("exists and is not a directory (each trajectory gets a folder)",
+                                   path=str(folder), field=flag)
+        if target.is_dir():
+            raise InvalidInput("exists and is a directory", path=str(target), field=flag)
+        atomic_write(target, document)
+    except OSError as exc:
+        if (bad := write_error(exc, target, flag)) is not None:
+            raise bad from None
+        raise

@@ -27,6 +27,7 @@ from runner.app import html_report
 from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.episodes import EpisodeJob, JobResult, RunOptions, run_job
 from runner.app.executors import Executor, InProcess, WorkerLost
+from runner.app.progress import Eta
 from runner.app.replay import replay_one
 from runner.app.runs import atomic_write, load_results, slug, write_results
 from runner.app.signals import signals_raise
@@ -411,6 +412,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
     """
     pending = [(i, a, s, r) for i, (a, s, r) in enumerate(runs, 1)]
     in_flight: dict[Key, tuple[EpisodeJob, int, str, Arm, Scenario]] = {}
+    eta = Eta(executor.slots)  # the progress line's estimate of the time left
 
     def tag_of(a: Arm, s: Scenario, r: int, level: int) -> str:
         return ((f"{a.label}: " if a.label else "") + s.id
@@ -438,7 +440,9 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
         while (level := next_step(a, s, r, retry)) is not None:
             key = (a.label, s.id, r, level)
             tag = tag_of(a, s, r, level)
-            log.info("%d/%d %s", i, len(runs), tag)
+            # Still to finish: this round, those running, those not started.
+            log.info("%d/%d %s (%s)", i, len(runs), tag,
+                     eta.left(1 + len(pending) + len(in_flight)))
             cassette = layout.cassette_path(run_dir, s.id, r, level, a.label)
             source = recorded(a, s, r, level)
             if source is not None:
@@ -454,6 +458,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             executor.submit(key, run_job, (job,),
                             timeout=2 * s.budget.seconds + executor.setup_slack)
             in_flight[key] = (job, i, tag, a, s)
+            eta.started(key)
             return
 
     while pending or in_flight:
@@ -466,6 +471,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             continue
         key = cast(Key, done.key)  # the executor hands back the key it was given in submit()
         job, i, tag, a, s = in_flight.pop(key)
+        eta.finished(key)
         if isinstance(done.error, WorkerLost):
             log.warning("%s: %s", tag, one_line(str(done.error)))
             ep = job.lost(str(done.error))

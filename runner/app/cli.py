@@ -1,8 +1,9 @@
 """The ``rootbench`` command line: argparse in, exit codes out.
 
-Exit codes: 0 success; 1 the thing asked for did not hold (a scenario
-failed, a replay differed, verify found an invalid scenario, doctor found a
-problem); 2 invalid input (one line naming the file and field, never a
+Exit codes: 0 success (a bench or run whose model failed its scenarios has
+succeeded: the failures are its results); 1 the thing asked for did not hold
+(an episode ended ``infra-error``, a replay differed, verify found an invalid
+scenario, doctor found a problem); 2 invalid input (one line naming the file and field, never a
 traceback); 130/143 interrupted by SIGINT/SIGTERM after tearing everything down.
 """
 
@@ -33,6 +34,7 @@ from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
 from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
+from runner.app.cliparse import Parser, UsageError
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
 from runner.app.executors import (
@@ -45,10 +47,18 @@ from runner.app.executors import (
 )
 from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
-from runner.app.ray_executor import RayExecutor, reachable
+from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
-from runner.app.runs import check_writable_dir, load_results, new_run_dir, results_file
+from runner.app.runs import (
+    check_writable_dir,
+    is_recordings,
+    load_episodes,
+    load_results,
+    new_run_dir,
+    recorded_cassettes,
+    results_file,
+)
 from runner.app.signals import Interrupted, signals_raise
 from runner.app.verify import (
     EPISODE_CHECKS,
@@ -79,11 +89,13 @@ from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
 from runner.core.outcomes import AgentKind, ReplayResult, Verdict
 from runner.core.protocol import CHOICES
-from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs, select
+from runner.core.selection import Selection, choose, split_words
+from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs
 from runner.core.text import one_line, printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
 MAX_SEED = 2 ** 32 - 2  # llama-server's seeds are 32-bit; 2**32 - 1 asks it for a random one
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable for the cluster to use
 REACH_TIMEOUT = 5.0  # seconds an --endpoint has to answer before any work starts
 log = logging.getLogger("rootbench.cli")
 
@@ -130,9 +142,12 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llama-server", help="your own llama-server binary")
     p.add_argument("--protocol", action="append", choices=CHOICES,
                    help="how the model acts (default auto); several: a matrix")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature, 0 to 2 (0: always the most likely token)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the model server's sampling seed (round r of --repeat uses SEED+r)")
+    p.add_argument("--max-tokens", type=int, default=512,
+                   help="most tokens the model may write in one reply")
     p.add_argument("--ctx-size", type=int, default=DEFAULT_CTX_SIZE,
                    help="context window in tokens (a run that outgrows it ends as stop=context)")
     p.add_argument("--repeat", type=int, default=1,
@@ -155,8 +170,10 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=[k.value for k in ExecutorKind], default="local",
                    help="where episodes run: this host, or a Ray cluster (pip install "
                         "'rootbench[ray]'; nodes declare a 'vm' resource)")
-    p.add_argument("--ray-address", metavar="HOST:PORT",
-                   help="with --executor ray: the cluster's head (its GCS address)")
+    p.add_argument("--ray-address", metavar="HOST:PORT|auto",
+                   help="with --executor ray: the cluster's head (its GCS address), or auto: the "
+                        "cluster running on this machine, found as Ray's own tools find it "
+                        "(default: the RAY_ADDRESS environment variable)")
     p.add_argument("--record-to", help="also copy every cassette into this directory")
     p.add_argument("--record-mode", choices=[m.value for m in RecordMode], default="all",
                    help="with --record-to: all runs everything live; once replays the scenarios "
@@ -164,12 +181,24 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     _vm_args(p)
 
 
+def _selection_args(p: argparse.ArgumentParser) -> None:
+    """``--only``, ``--tags``, ``--limit``: which scenarios of the paths (runner/core/selection.py)."""
+    p.add_argument("--only", nargs="+", action="extend", metavar="ID",
+                   help="only these scenario ids, or shell-style globs of ids ('cron-*'), in "
+                        "this order; a spec file is given as a path, not here")
+    p.add_argument("--tags", nargs="+", action="extend", metavar="TAG",
+                   help="only scenarios with any of these tags (e.g. easy-tier; comma-separated "
+                        "or several)")
+    p.add_argument("--limit", type=int, metavar="N",
+                   help="only the first N scenarios left by the paths, --only and --tags")
+
+
 def _jobs_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--jobs", default=None, metavar="N|auto", help=f"{what} (default 1)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rootbench", description=(
+    ap = Parser(prog="rootbench", description=(
         "Can this model fix a broken Linux server? Boots a throw-away QEMU VM, breaks it, "
         "hands a model a root shell, and checks the result with probes."))
     ap.add_argument("--version", action="version", version=f"rootbench {__version__}")
@@ -181,7 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
 
     p = sub.add_parser("list", help="list the scenarios")
-    p.add_argument("paths", nargs="*")
+    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+    _selection_args(p)
     _format_arg(p)
 
     p = sub.add_parser("run", help="run one scenario")
@@ -189,8 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     _agent_args(p)
 
     p = sub.add_parser("bench", help="run every scenario (default specs/) and print the table")
-    p.add_argument("paths", nargs="*")
-    p.add_argument("--only", nargs="+", metavar="ID", help="only these scenario ids")
+    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+    _selection_args(p)
     p.add_argument("--resume", metavar="RUNDIR", help="finish what is missing in a run directory")
     p.add_argument("--retry-infra", type=int, default=0, metavar="N",
                    help="re-run infra-error runs up to N times")
@@ -225,7 +255,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle "
                                       "passes, every shortcut fails)")
-    p.add_argument("paths", nargs="*")
+    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+    _selection_args(p)
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle); each "
                         "shortcut's goes to shortcuts/<scenario-id>/<shortcut>.jsonl under it")
@@ -245,7 +276,10 @@ def _parser() -> argparse.ArgumentParser:
     _vm_args(p)
 
     p = sub.add_parser("perf", help="measure speed figures")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="figures with their targets, or one JSON object on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="deprecated spelling of --format json (still works, says so on stderr)")
     p.add_argument("--no-vm", action="store_true", help="skip the VM figures")
     p.add_argument("--no-model", action="store_true", help="skip the model figures")
     p.add_argument("--no-scale", action="store_true",
@@ -262,7 +296,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="the table of a run directory, or an HTML report of runs")
     p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
-                   help="run directories (side by side) and, with --html, loose cassettes")
+                   help="run directories or recordings folders (folders of cassettes) side by "
+                        "side and, with --html, loose cassettes")
     p.add_argument("--html", action="store_true",
                    help="write one self-contained HTML file (RUNDIR/report.html for one run "
                         "directory, else ./report.html) and print its path")
@@ -280,9 +315,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="is run A better than run B? paired runs, intervals, "
                                        "an exact test (more runs: each against the first)")
-    p.add_argument("run_a", metavar="RUN_A", help="a run directory (A)")
-    p.add_argument("run_b", metavar="RUN_B", help="a run directory (B)")
-    p.add_argument("more", nargs="*", metavar="RUN", help="more run directories, each compared with A")
+    p.add_argument("run_a", metavar="RUN_A", help="a run directory or recordings folder (A)")
+    p.add_argument("run_b", metavar="RUN_B", help="a run directory or recordings folder (B)")
+    p.add_argument("more", nargs="*", metavar="RUN", help="more of them, each compared with A")
     _format_arg(p)
 
     p = sub.add_parser("image", help="guest images")
@@ -309,6 +344,17 @@ def _spec_paths(paths: Sequence[str]) -> list[str | Path]:
     return list(paths) if paths else list(default_specs())
 
 
+def _selection(args: argparse.Namespace) -> Selection:
+    """The scenario selection flags, as asked (checked when applied: :func:`choose`)."""
+    return Selection(only=tuple(args.only or ()), tags=tuple(split_words(args.tags)),
+                     limit=args.limit)
+
+
+def _selected(args: argparse.Namespace) -> list[Scenario]:
+    """The scenarios of the paths (default specs/), narrowed by --only, --tags and --limit."""
+    return choose(load_specs(_spec_paths(args.paths)), _selection(args))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     results = check_specs(_spec_paths(args.paths))
     if not results:
@@ -326,7 +372,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    scenarios = load_specs(_spec_paths(args.paths))
+    scenarios = _selected(args)
     rows = [[s.id, s.difficulty or "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
             for s in scenarios]
     _out(render_rows(["id", "difficulty", "tags", "turns", "title"], rows, args.format))
@@ -354,13 +400,20 @@ def _jobs(value: str | None, flag: str = "--jobs") -> int | None:
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:
-    """``--executor ray``: Ray installed and its head answering, checked before any VM starts."""
+    """``--executor ray``: Ray installed and its head answering, checked before any VM starts.
+
+    The address is ``--ray-address``, else the ``RAY_ADDRESS`` environment
+    variable (as for Ray's own tools); ``auto`` is resolved by Ray itself
+    (:func:`~runner.app.ray_executor.resolve_auto`). The ``HOST:PORT`` it comes to is then checked to answer.
+    """
+    given = args.ray_address or os.environ.get(RAY_ADDRESS_ENV) or None
     if args.executor != ExecutorKind.RAY.value:
         if args.ray_address:
             raise InvalidInput("--ray-address is for --executor ray", field="--ray-address")
         return None
-    if not args.ray_address:
-        raise InvalidInput("--executor ray needs --ray-address HOST:PORT (the head's address)",
+    if not given:
+        raise InvalidInput("--executor ray needs --ray-address HOST:PORT (the head's address) "
+                           f"or auto (the cluster running on this machine), or {RAY_ADDRESS_ENV}",
                            field="--ray-address")
     try:
         found = importlib.util.find_spec("ray") is not None
@@ -368,8 +421,14 @@ def _ray_address(args: argparse.Namespace) -> str | None:
         found = False
     if not found:
         raise InvalidInput("Ray is not installed: pip install 'rootbench[ray]'", field="--executor")
-    reachable(args.ray_address)
-    return str(args.ray_address)
+    if given.strip().lower() == "auto":
+        address = resolve_auto(RAY_ADDRESS_ENV)
+        logging.getLogger("rootbench.bench").info("--ray-address auto: %s", address)
+    else:
+        address = given
+    reachable(address)
+    args.ray_address = address  # resolved once: later checks of the same flags reuse it
+    return address
 
 
 def _choices(args: argparse.Namespace) -> list[AgentChoice]:
@@ -545,10 +604,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                field="--resume")
         load_results(resume)  # a damaged results.json is reported before anything runs
     asked: list[Scenario] | None = None
-    if resume is None or args.paths or args.only:
-        asked = load_specs(_spec_paths(args.paths))
-        if args.only:
-            asked = select(asked, args.only)
+    if resume is None or args.paths or _selection(args).narrows:
+        asked = _selected(args)
     # A resume finishes the run's own scenarios (a different selection is refused).
     scenarios = resume_scenarios(resume, asked) if resume is not None else asked
     assert scenarios is not None
@@ -638,7 +695,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     jobs = _jobs(args.jobs)
     _number(args.repeat, "--repeat", 1, 20)
-    scenarios = load_specs(_spec_paths(args.paths))
+    scenarios = _selected(args)
     run_dir = new_run_dir(Path("runs"), "verify")
     record_to = Path(args.record_to) if args.record_to else None
     if args.shortcuts == "recorded" and not Path(args.shortcuts_from).is_dir():
@@ -717,9 +774,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
+    if args.json:  # the old spelling: every other command says --format json
+        _err("rootbench perf: --json is deprecated; use --format json")
+        args.format = "json"
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
                       model_name=args.model, scale=not args.no_scale, verify=not args.no_verify)
-    _out(json.dumps(figures, sort_keys=True) if args.json else render(figures))
+    _out(json.dumps(figures, sort_keys=True) if args.format == "json" else render(figures))
     return 0
 
 
@@ -749,8 +809,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise InvalidInput("no such file or directory", path=str(path)) from None
         except OSError as exc:
             raise InvalidInput(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
-        if is_dir:
-            results_file(path)
+        if is_dir and not is_recordings(path):
+            results_file(path, "a run directory or a folder of cassettes")
     if not args.html:
         if args.out:
             raise InvalidInput("--out is where the HTML report goes: add --html", field="--out")
@@ -758,7 +818,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if loose:
             raise InvalidInput("a cassette is reported with --html (the table needs a run "
                                "directory)", path=str(loose[0]))
-        tables = [(p, _table_and_statistics(load_results(p)[1], args.format)) for p in paths]
+        tables = [(p, _table_and_statistics(load_episodes(p)[1], args.format)) for p in paths]
         if len(tables) == 1:
             _out(tables[0][1])
         elif args.format == "json":
@@ -771,9 +831,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out:
         out = check_file_target(Path(args.out), "--out")
     else:
-        out = dirs[0] / html_report.REPORT_NAME if paths == dirs[:1] else Path(html_report.REPORT_NAME)
+        own = paths == dirs[:1] and not is_recordings(dirs[0])  # never into committed recordings
+        out = dirs[0] / html_report.REPORT_NAME if own else Path(html_report.REPORT_NAME)
         check_file_target(out, "--out (default)")
-    runs = [run for p in dirs for run in html_report.load_run_arms(p)]
+    runs = [run for p in dirs for run in (html_report.runs_from_cassettes(recorded_cassettes(p))
+                                          if is_recordings(p) else html_report.load_run_arms(p))]
     runs += html_report.runs_from_cassettes([p for p in paths if not p.is_dir()])
     title = "rootbench: " + (" vs ".join(p.name for p in dirs) if dirs and len(runs) == len(dirs)
                              else ", ".join(r.label for r in runs))
@@ -914,12 +976,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = _wants_json(argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse has printed its usage and error on stderr
-        if exc.code == 2 and as_json:
-            print(json.dumps({"error": "invalid arguments (see the usage on stderr)", "exit": 2}),
-                  flush=True)
+    except UsageError as exc:  # the parser has printed its one line on stderr
+        if as_json:
+            print(json.dumps({"error": printable(exc.line), "exit": 2}), flush=True)
         raise
-    as_json = getattr(args, "format", None) == "json"
+    as_json = getattr(args, "format", None) == "json" or getattr(args, "json", False)
     logs.setup(-1 if args.quiet else 1 if args.verbose else 0)
     try:
         return COMMANDS[args.command](args)

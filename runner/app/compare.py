@@ -1,10 +1,19 @@
-"""Comparing runs: is run A better than run B, or is the gap within what chance gives?
+"""Comparing runs: is model A better than model B, or is the gap within what chance gives?
 
-``rootbench compare RUN_A RUN_B [RUN...]`` reads each run directory's
-results, pairs the runs of the same scenario and round (and hint level), and
-shows per scenario and overall how A and B differ, with a paired bootstrap
-interval and McNemar's exact test (:func:`runner.app.stats.compare`). With
-more than two runs, each is compared with the first.
+``rootbench compare A B [C...]`` reads each run directory's results, or a
+recordings folder's cassettes (their verdict lines), and says in plain words:
+
+- what each side is (the model and protocol its episodes name) and its own
+  figures, the very ones ``rootbench report`` shows (:func:`runner.app.stats.summarize`):
+  pass@1 of the first tries as ``passes/n = rate``, and with hints the rounds
+  solved at any level and the mean assist;
+- the first tries of both sides paired (same scenario, round and hint level),
+  per scenario and overall, with bootstrap intervals of the differences;
+- McNemar's exact test on those pairs, named and explained in one line, and
+  with hints on both sides the same test on the rounds solved at any level;
+- a verdict naming the models.
+
+With more than two runs, each is compared with the first.
 """
 
 from __future__ import annotations
@@ -17,8 +26,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.runs import load_results, results_file
-from runner.app.stats import CONFIDENCE, Comparison, Interval, compare
+from runner.app.runs import episodes_from_recordings, is_recordings, load_episodes
+from runner.app.stats import CONFIDENCE, Comparison, Interval, Summary, compare, summarize
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.text import printable
@@ -26,11 +35,12 @@ from runner.core.text import printable
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory's episodes, and what to call it."""
+    """One run directory's or recordings folder's episodes, and what to call it."""
 
     path: Path
-    label: str  # the agent and model that ran it, as the run directory recorded them
+    label: str  # the model (and protocol) its episodes name, or the agent: what the text calls it
     episodes: list[Episode]
+    cut_short: int = 0  # a recordings folder's cassettes that end before a verdict: left out
 
 
 @dataclass(frozen=True)
@@ -41,73 +51,163 @@ class RunComparison:
     b: Run
     result: Comparison
 
+    def names(self) -> tuple[str, str]:
+        """What the text calls A and B: their labels, told apart when they are the same."""
+        if self.a.label != self.b.label:
+            return self.a.label, self.b.label
+        return f"{self.a.label} (A)", f"{self.b.label} (B)"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"a": _run_dict(self.a), "b": _run_dict(self.b), **self.result.to_dict()}
+        a, b = self.names()
+        return {"a": _run_dict(self.a), "b": _run_dict(self.b), **self.result.to_dict(),
+                "verdict": self.result.verdict(a, b)}
 
 
 def _run_dict(run: Run) -> dict[str, Any]:
-    return {"path": str(run.path), "label": run.label, "episodes": len(run.episodes)}
+    return {"path": str(run.path), "label": run.label, "episodes": len(run.episodes),
+            "cut_short": run.cut_short,
+            "statistics": summarize(run.episodes).overall.to_dict()}
 
 
 def load_run(path: Path) -> Run:
-    """A run directory's results; :class:`InvalidInput` if it has none or they are damaged."""
+    """A run directory's results or a recordings folder's episodes; :class:`InvalidInput` when
+    it is neither or they are damaged."""
     path = Path(path)
-    results_file(path)  # says what is there instead, when it is not a results file
-    info, episodes = load_results(path)
+    if is_recordings(path):
+        episodes, cut = episodes_from_recordings(path)
+        return Run(path=path, label=_label({}, episodes), episodes=episodes, cut_short=len(cut))
+    info, episodes = load_episodes(path)
     return Run(path=path, label=_label(info, episodes), episodes=episodes)
 
 
 def _label(info: dict[str, Any], episodes: list[Episode]) -> str:
+    """The model and protocol the episodes name (the cassette headers' and run.json's), else
+    the agent (oracle, noop)."""
     agent = info.get("agent")
     if episodes:
-        kind, model = episodes[0].agent.value, episodes[0].model
+        kinds = dict.fromkeys((e.agent.value, e.model, e.protocol) for e in episodes)
     elif isinstance(agent, dict):
-        kind, model = str(agent.get("kind", "?")), str(agent.get("model", ""))
+        kinds = {(str(agent.get("kind", "?")), str(agent.get("model", "")), ""): None}
     else:
         return "?"
-    return printable(kind if kind in ("oracle", "noop", "scripted") or not model else f"{kind} {model}")
+    names = []
+    for kind, model, protocol in kinds:
+        if kind in ("oracle", "noop", "scripted") or not model:
+            names.append(kind)
+        else:
+            names.append(f"{model} ({protocol})" if protocol else model)
+    return printable(", ".join(dict.fromkeys(names)))
 
 
 def compare_runs(paths: Sequence[Path], confidence: float = CONFIDENCE) -> list[RunComparison]:
     """Each run after the first compared with the first (A = the first, B = the other)."""
     if len(paths) < 2:
-        raise InvalidInput("compare needs at least two run directories")
+        raise InvalidInput("compare needs at least two run directories or recordings folders")
     runs = [load_run(p) for p in paths]
     first = runs[0]
     return [RunComparison(first, other, compare(first.episodes, other.episodes, confidence))
             for other in runs[1:]]
 
 
-def _ci(interval: Interval) -> str:
-    return f"[{interval.low:+.2f}, {interval.high:+.2f}]"
+def _ci(interval: Interval | None, sign: bool = False) -> str:
+    if interval is None:
+        return ""
+    f = "+.2f" if sign else ".2f"
+    return f" [{interval.low:{f}}, {interval.high:{f}}]"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
+
+
+def _levels(episodes: Sequence[Episode]) -> str:
+    from runner.app.stats import first_tries
+
+    levels = sorted({e.hint_level for e in first_tries(episodes)})
+    if len(levels) == 1:
+        return f"level {levels[0]}"
+    return "levels " + ", ".join(map(str, levels))
+
+
+def _own_figures(rc: RunComparison, level: str) -> list[list[str]]:
+    """Each side's own figures, as ``rootbench report`` shows them (overall row)."""
+    sa, sb = summarize(rc.a.episodes, rc.result.confidence).overall, \
+        summarize(rc.b.episodes, rc.result.confidence).overall
+
+    def pass1(s: Summary) -> str:
+        return f"{s.passes}/{s.scored} = {s.pass_at_1:.2f}{_ci(s.pass_at_1_ci)}" \
+            if s.pass_at_1 is not None else "-"
+
+    def score(s: Summary) -> str:
+        return f"{s.mean_score:.2f}{_ci(s.mean_score_ci)}" if s.mean_score is not None else "-"
+
+    rows = [["episodes (first tries)", f"{sa.runs} ({sa.scored})", f"{sb.runs} ({sb.scored})"],
+            [f"pass@1 [{level} CI]", f"{pass1(sa)} at {_levels(rc.a.episodes)}",
+             f"{pass1(sb)} at {_levels(rc.b.episodes)}"],
+            [f"mean score, first tries [{level} CI]", score(sa), score(sb)]]
+    if sa.solved is not None or sb.solved is not None:
+        def assist(s: Summary) -> str:
+            return f"{s.mean_assist:.2f}{_ci(s.mean_assist_ci)}" if s.mean_assist is not None \
+                else "-"
+        rows += [["solved at any hint level", f"{sa.solved}/{sa.scored}" if sa.solved is not None
+                  else "- (no hints)", f"{sb.solved}/{sb.scored}" if sb.solved is not None
+                  else "- (no hints)"],
+                 [f"mean assist (hints needed) [{level} CI]", assist(sa), assist(sb)]]
+    return rows
 
 
 def _text(rc: RunComparison, fmt: str) -> str:
     r = rc.result
+    a, b = rc.names()
     level = f"{r.confidence:.0%}"
-    lines = [f"A: {printable(str(rc.a.path))} ({rc.a.label}, {len(rc.a.episodes)} runs)",
-             f"B: {printable(str(rc.b.path))} ({rc.b.label}, {len(rc.b.episodes)} runs)", ""]
+    tablefmt = "github" if fmt == "github" else "plain"
+    lines = [f"A: {a}, from {printable(str(rc.a.path))}",
+             f"B: {b}, from {printable(str(rc.b.path))}", "",
+             "Each on its own (the figures of `rootbench report`):", "",
+             tabulate(_own_figures(rc, level), headers=["", f"A: {a}", f"B: {b}"],
+                      disable_numparse=True, tablefmt=tablefmt), ""]
     if r.scenarios:
         rows = [[printable(s.scenario), str(s.pairs), f"{s.a_passes}/{s.pairs}",
-                 f"{s.b_passes}/{s.pairs}", f"{s.pass_diff:+.2f}", f"{s.a_score:.2f}",
-                 f"{s.b_score:.2f}", f"{s.score_diff:+.2f}"] for s in r.scenarios]
-        rows.append(["overall", str(r.pairs), f"{r.a_pass_rate:.2f}", f"{r.b_pass_rate:.2f}",
-                     f"{r.pass_diff:+.2f} {_ci(r.pass_diff_ci)}", f"{r.a_score:.2f}",
-                     f"{r.b_score:.2f}", f"{r.score_diff:+.2f} {_ci(r.score_diff_ci)}"])
-        headers = ["scenario", "pairs", "A pass", "B pass", f"pass diff [{level} CI]",
-                   "A score", "B score", f"score diff [{level} CI]"]
-        lines += [tabulate(rows, headers=headers, disable_numparse=True,
-                           tablefmt="github" if fmt == "github" else "plain"), ""]
-    lines.append(f"paired runs: {r.pairs}; only A passed: {r.a_only}, only B passed: {r.b_only}; "
-                 f"McNemar exact p = {r.mcnemar_p:.4g}")
+                 f"{s.b_passes}/{s.pairs}", f"{s.a_score:.2f}", f"{s.b_score:.2f}",
+                 f"{s.score_diff:+.2f}"] for s in r.scenarios]
+        a_passes, b_passes = sum(s.a_passes for s in r.scenarios), sum(s.b_passes for s in r.scenarios)
+        rows.append(["overall", str(r.pairs), f"{a_passes}/{r.pairs}", f"{b_passes}/{r.pairs}",
+                     f"{r.a_score:.2f}", f"{r.b_score:.2f}",
+                     f"{r.score_diff:+.2f}{_ci(r.score_diff_ci, sign=True)}"])
+        headers = ["scenario", "pairs", "A passed", "B passed", "A score", "B score",
+                   f"score A-B [{level} CI]"]
+        lines += ["First tries paired (same scenario, round and hint level):", "",
+                  tabulate(rows, headers=headers, disable_numparse=True, tablefmt=tablefmt), "",
+                  f"pass rate A-B, mean over scenarios: {r.pass_diff:+.2f}"
+                  f"{_ci(r.pass_diff_ci, sign=True)} ({level} bootstrap interval over scenarios)"]
+    lines += [f"McNemar's exact test on the {r.pairs} paired first tries: only A passed "
+              f"{r.a_only}, only B passed {r.b_only}, p = {_p(r.mcnemar_p)}",
+              "  (p: the chance of a split at least this uneven if A and B were equally good; "
+              f"below {1 - r.confidence:.2g} it shows a difference)"]
     if (r.a_better, r.b_better) != (r.a_only, r.b_only):
-        lines.append(f"score higher for A: {r.a_better}, for B: {r.b_better}; "
-                     f"exact sign test p = {r.sign_p:.4g}")
+        lines.append(f"exact sign test on the first tries' scores: A higher in {r.a_better}, "
+                     f"B higher in {r.b_better}, p = {_p(r.sign_p)}")
+    if r.solved_p is not None:
+        lines.append(f"McNemar's exact test on the {r.solved_pairs} rounds both ran with hints, "
+                     f"solved at any level: only A solved {r.a_solved_only}, only B solved "
+                     f"{r.b_solved_only}, p = {_p(r.solved_p)}")
     if r.unpaired:
-        lines.append(f"{r.unpaired} scored run(s) had no partner in the other run and are left out")
+        lines.append(f"{r.unpaired} scored first tries had no partner in the other run and are "
+                     "left out")
     if r.by_order:
         lines.append("a run repeats round numbers, so its runs of a scenario were paired in order")
-    lines.append(r.verdict())
+    for side, run in (("A", rc.a), ("B", rc.b)):
+        if run.cut_short:
+            lines.append(f"{run.cut_short} of {side}'s cassettes end before a verdict (cut short) "
+                         "and are left out")
+    lines.append("")
+    lines.append(f"first tries: {r.verdict(a, b)}")
+    if r.solved_winner:
+        better, worse = (a, b) if r.solved_winner == "a" else (b, a)
+        lines.append(f"with hints: {better} solves more rounds than {worse} "
+                     f"(p = {_p(r.solved_p or 0.0)})")
+    elif r.solved_p is not None:
+        lines.append("with hints: no difference shown in the rounds solved at any level")
     return "\n".join(lines)
 
 

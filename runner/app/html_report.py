@@ -39,7 +39,7 @@ import markupsafe
 from runner import __version__
 from runner.app.outputs import write_error
 from runner.app.report import GRADED_COLUMNS
-from runner.app.runs import atomic_write, load_results, results_file
+from runner.app.runs import atomic_write, load_results, relative_name, results_file, shown_path
 from runner.app.signals import Interrupted
 from runner.app.stats import deciding, pass_count, verdict_counts, wilson
 from runner.core import layout
@@ -163,6 +163,9 @@ class Trajectory:
     task: str = ""
     setup: list[SetupStep] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    # What the report calls the cassette, set by the loader: relative to the run directory, or
+    # its file name; never a local absolute path.
+    shown: str = ""
 
     @property
     def protocol(self) -> str:
@@ -401,13 +404,17 @@ def _as_result(data: dict[str, Any]) -> Result | None:
         return None
 
 
-def _episode_from_cassette(path: Path) -> Episode:
+def _episode_from_cassette(path: Path, shown: str | None = None) -> Episode:
+    """The cassette at ``path`` as an episode; ``shown`` is what the report calls it (default:
+    its file name)."""
     named = layout.parse_cassette_name(path.name)
     scenario = named.scenario if named else layout.cassette_stem(path)
     try:
         traj = load_trajectory(path)
     except InvalidInput as exc:
-        return Episode({"scenario": scenario, "verdict": "incomplete"}, problem=text(exc))
+        return Episode({"scenario": scenario, "verdict": "incomplete"},
+                       problem=text(exc).replace(str(path), shown or path.name))
+    traj.shown = shown or path.name
     data = dict(traj.verdict or {})
     data.pop("type", None)
     if not data:
@@ -467,14 +474,14 @@ def load_run_dir(run_dir: Path | str) -> Run:
     run_dir = Path(run_dir)
     results_file(run_dir)  # says what is there instead, when it is not a results file
     info, episodes = load_results(run_dir)
-    run = Run(label=text(run_dir.name), source=text(run_dir), info=info)
+    run = Run(label=text(run_dir.name), source=text(shown_path(run_dir)), info=info)
     for ep in episodes:
         data = ep.to_dict()
         cassette, why = _find_cassette(run_dir, data)
         if cassette is None:
             run.episodes.append(Episode(data, problem=why, result=ep))
             continue
-        read = _episode_from_cassette(cassette)
+        read = _episode_from_cassette(cassette, relative_name(str(cassette.resolve()), run_dir))
         run.episodes.append(Episode(data, read.trajectory, read.problem, result=ep))
     return run
 
@@ -500,7 +507,7 @@ def runs_from_cassettes(paths: Iterable[Path | str]) -> list[Run]:
         protocol = ep.trajectory.protocol if ep.trajectory else text(ep.get("protocol")) or "?"
         key = (model, protocol)
         if key not in runs:
-            runs[key] = Run(label=f"{model} · {protocol}", source=text(path.parent))
+            runs[key] = Run(label=f"{model} · {protocol}", source=text(shown_path(path.parent)))
         runs[key].episodes.append(ep)
     return list(runs.values())
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import secrets
 import socket
 import sys
@@ -68,6 +69,28 @@ def reachable(address: str) -> None:
     except OSError as exc:
         raise InvalidInput(f"nothing answers at {address} ({exc.strerror or exc}); is the Ray "
                            "head running?", field="--ray-address") from None
+
+
+def resolve_auto(env_var: str = "RAY_ADDRESS") -> str:
+    """``--ray-address auto``: the local cluster's GCS address, resolved by Ray itself, as
+    ``ray status`` and ``ray.init(address="auto")`` resolve it (``canonicalize_bootstrap_address_or_die``):
+    ``RAY_ADDRESS`` if set, else the cluster the last ``ray start`` recorded in Ray's temp
+    directory (``ray_current_cluster``), else the one GCS process running here. None found,
+    or several and none recorded, is :class:`InvalidInput` in our words (Ray's name its own
+    ``--address`` flag)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+    except ImportError as exc:  # Ray moved its private helper: say so rather than guess
+        raise InvalidInput(f"this Ray cannot resolve auto ({exc}); give HOST:PORT",
+                           field="--ray-address") from None
+    try:
+        return str(canonicalize_bootstrap_address_or_die("auto"))
+    except (ConnectionError, ValueError) as exc:
+        several = re.search(r"\{.*\}", str(exc)) if "multiple" in str(exc) else None
+        why = (f"several Ray clusters run on this machine ({several.group(0)}): give one as "
+               "HOST:PORT" if several else "no running Ray cluster found on this machine "
+               f"(start one with `ray start --head`, or give HOST:PORT or {env_var})")
+        raise InvalidInput(f"auto: {why}", field="--ray-address") from None
 
 
 class NodeModel(Model):

@@ -34,6 +34,7 @@ import jsonschema
 from runner.app.report import junit_xml
 from runner.app.stats import summarize, verdict_counts
 from runner.core import layout
+from runner.core.cassette import Cassette
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.paths import schema_path
@@ -247,6 +248,98 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
     episodes = [Episode.from_dict(e) for e in data["episodes"]]
     run = data.get("run")
     return (run if isinstance(run, dict) else {}), episodes
+
+
+def recorded_cassettes(folder: Path) -> list[Path]:
+    """The episode cassettes directly in a recordings folder (a ``--record-to`` folder or an
+    archive's ``<model>-<protocol>``): the names :func:`layout.parse_cassette_name` reads as an
+    episode's, so verify's noop runs and the shortcuts' subfolders are not among them."""
+    try:
+        names = sorted(p for p in Path(folder).iterdir()
+                       if p.is_file() and layout.parse_cassette_name(p.name) is not None)
+    except OSError as exc:
+        raise InvalidInput(f"cannot list the folder: {exc.strerror or exc}",
+                           path=str(folder)) from None
+    return names
+
+
+def episodes_from_recordings(folder: Path) -> tuple[list[Episode], list[Path]]:
+    """A recordings folder's episodes, read from its cassettes' verdict lines (what the bench
+    wrote, so the figures are the ones its results.json had), and the cassettes with no verdict
+    line (cut short), which have no episode. A damaged cassette is :class:`InvalidInput`."""
+    episodes: list[Episode] = []
+    cut: list[Path] = []
+    for path in recorded_cassettes(folder):
+        verdict = Cassette.load(path).verdict
+        if verdict is None:
+            cut.append(path)
+            continue
+        try:
+            ep = Episode.from_dict({k: v for k, v in verdict.items() if k != "type"})
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"the verdict line is not an episode: {one_line(str(exc), 120)}",
+                               path=str(path)) from None
+        ep.cassette = path.name  # where it is now, not where the machine that ran it kept it
+        episodes.append(ep)
+    return episodes, cut
+
+
+def is_recordings(path: Path) -> bool:
+    """Whether ``path`` is a folder of episode cassettes without a results.json (not a run
+    directory): ``report`` and ``compare`` then read the cassettes' verdict lines."""
+    path = Path(path)
+    try:  # a folder that cannot be entered is not known to be one: results_file says why
+        if not path.is_dir() or (path / layout.RESULTS).exists() \
+                or (path / layout.RESULTS).is_symlink():
+            return False
+        return bool(recorded_cassettes(path))
+    except (OSError, InvalidInput):
+        return False
+
+
+def load_episodes(path: Path) -> tuple[dict[str, Any], list[Episode]]:
+    """A run directory's results (:func:`load_results`) or a recordings folder's episodes
+    (:func:`episodes_from_recordings`; no ``run`` information then). Anything else is
+    :class:`InvalidInput` saying what is there."""
+    path = Path(path)
+    if is_recordings(path):
+        return {}, episodes_from_recordings(path)[0]
+    results_file(path, "a run directory or a folder of cassettes")
+    info, episodes = load_results(path)
+    for ep in episodes:  # shown to others: never the layout of the machine that ran it
+        ep.cassette = relative_name(ep.cassette, path)
+    return info, episodes
+
+
+def relative_name(recorded: str | None, root: Path) -> str | None:
+    """A path recorded in a verdict line (``/work/main/runs/.../x.jsonl``, the machine that ran
+    it) as shown to others: relative to ``root`` (the run or recordings directory) when it lies
+    under it, else its file name. Exports and reports never carry another machine's layout."""
+    if not recorded:
+        return recorded
+    path = Path(recorded)
+    if not path.is_absolute():
+        return recorded
+    try:
+        return str(path.relative_to(Path(root).resolve()))
+    except ValueError:
+        pass
+    parts = path.parts
+    if layout.CASSETTES in parts[:-1]:  # <run>/cassettes/[<arm>/]<name>: from cassettes/ on
+        return str(Path(*parts[len(parts) - 1 - parts[::-1].index(layout.CASSETTES):]))
+    return path.name
+
+
+def shown_path(path: Path) -> str:
+    """A folder or file the user named, as a report shows it: as typed when relative, relative
+    to the working directory when under it, else by its name (never a local absolute path)."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return path.name
 
 
 @functools.cache

@@ -424,7 +424,7 @@ class ScenarioDiff:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Run A against run B over their paired runs.
+    """Run A against run B over their paired first tries (same scenario, round and hint level).
 
     ``winner`` is ``"a"`` or ``"b"`` only when the bootstrap interval of the
     mean score difference excludes 0 *and* the exact paired test agrees
@@ -451,6 +451,12 @@ class Comparison:
     sign_p: float  # the exact sign test on the score differences (McNemar's for 0/1 scores)
     more_pairs: int | None  # rough paired runs still needed; None: cannot estimate or not needed
     sd: float  # standard deviation of the pair score differences
+    # With hints on both sides (a ladder): rounds paired by scenario and round, each side's
+    # outcome "solved at some hint level" (:func:`assists`); None/0 when either ran no hints.
+    solved_pairs: int = 0
+    a_solved_only: int = 0
+    b_solved_only: int = 0
+    solved_p: float | None = None  # McNemar's exact test on a_solved_only/b_solved_only
 
     @property
     def pairs(self) -> int:
@@ -472,12 +478,21 @@ class Comparison:
             return ""
         return "a" if self.score_diff > 0 else "b"
 
-    def verdict(self) -> str:
-        """One line: who is better, or that these runs cannot tell."""
+    @property
+    def solved_winner(self) -> str:
+        """``"a"`` or ``"b"`` when the rounds one side solved at some hint level and the other
+        never did lean one way at this level (McNemar's exact test), else ``""``."""
+        if self.solved_p is None or self.solved_p >= 1 - self.confidence:
+            return ""
+        return "a" if self.a_solved_only > self.b_solved_only else "b"
+
+    def verdict(self, a: str = "A", b: str = "B") -> str:
+        """One line: who is better (``a`` and ``b`` are what to call them: the models), or that
+        these runs cannot tell."""
         if self.winner == "a":
-            return "A is better than B"
+            return f"{a} is better than {b}"
         if self.winner == "b":
-            return "B is better than A"
+            return f"{b} is better than {a}"
         if self.pairs == 0:
             return "no difference shown: no paired runs"
         if self.more_pairs is None:
@@ -504,6 +519,9 @@ class Comparison:
                 "sign_p": self.sign_p, "sd": round(self.sd, 6),
                 "winner": self.winner or None, "more_pairs": self.more_pairs,
                 "verdict": self.verdict(),
+                "solved": None if self.solved_p is None else {
+                    "pairs": self.solved_pairs, "a_only": self.a_solved_only,
+                    "b_only": self.b_solved_only, "mcnemar_p": self.solved_p},
                 "scenarios": [s.to_dict() for s in self.scenarios]}
 
 
@@ -511,7 +529,8 @@ Pair = tuple[Episode, Episode]
 
 
 def pair_episodes(a: Sequence[Episode], b: Sequence[Episode]) -> tuple[list[Pair], int, bool]:
-    """Pair A's scored runs with B's: same scenario, same hint level, same round.
+    """Pair A's scored runs with B's: same scenario, same hint level, same round
+    (:func:`compare` hands it the first tries only).
 
     Returns the pairs (in A's order), how many scored runs found no partner,
     and whether some scenario was paired in order instead: when a run holds
@@ -546,9 +565,16 @@ def pair_episodes(a: Sequence[Episode], b: Sequence[Episode]) -> tuple[list[Pair
 
 def compare(a: Sequence[Episode], b: Sequence[Episode],
             confidence: float = CONFIDENCE) -> Comparison:
-    """Compare run A with run B over their paired runs (see :class:`Comparison`)."""
+    """Compare run A with run B over their paired first tries (see :class:`Comparison`).
+
+    Only first tries (:func:`first_tries`) are paired, as only they are samples of the model
+    as asked, and they are what ``report``'s pass@1 and mean score count: a ladder's level-k
+    run exists only because level k-1 failed, so pairing it would count one round's outcome
+    several times. What the hints did is compared apart, round by round: solved at some level
+    or never (``solved_*``), when both runs gave hints.
+    """
     _check_confidence(confidence)
-    pairs, unpaired, by_order = pair_episodes(a, b)
+    pairs, unpaired, by_order = pair_episodes(_first_level(a), _first_level(b))
     per: dict[str, list[Pair]] = {}
     for pa, pb in pairs:
         per.setdefault(pa.scenario, []).append((pa, pb))
@@ -574,10 +600,37 @@ def compare(a: Sequence[Episode], b: Sequence[Episode],
         score_diff_ci=bootstrap_mean([s.score_diff for s in diffs], confidence) if diffs else none,
         a_only=a_only, b_only=b_only, mcnemar_p=mcnemar_exact(a_only, b_only),
         a_better=a_better, b_better=b_better, sign_p=mcnemar_exact(a_better, b_better),
-        more_pairs=None, sd=sd)
+        more_pairs=None, sd=sd, **_solved(a, b))
     if result.winner or not pairs:
         return result
     return _with_more_pairs(result, float(d.mean()), a_better + b_better)
+
+
+def _first_level(episodes: Sequence[Episode]) -> list[Episode]:
+    """The scored runs at their round's lowest scored hint level: :func:`first_tries`, except
+    that a round number held twice (a run replayed by ``--record-mode once``) keeps both runs,
+    for :func:`pair_episodes` to pair in order."""
+    lowest: dict[RoundKey, int] = {}
+    for ep in episodes:
+        if ep.verdict.scored:
+            key = (ep.scenario, ep.round)
+            lowest[key] = min(lowest.get(key, ep.hint_level), ep.hint_level)
+    return [ep for ep in episodes
+            if ep.verdict.scored and ep.hint_level == lowest[(ep.scenario, ep.round)]]
+
+
+def _solved(a: Sequence[Episode], b: Sequence[Episode]) -> dict[str, Any]:
+    """Rounds both runs ran, paired by scenario and round: solved at some hint level by one side
+    only, and McNemar's exact test on those; nothing when either side gave no hints."""
+    if not (hinted(a) and hinted(b)):
+        return {}
+    sa = assists([e for e in a if e.verdict.scored])  # as report's "solved" counts them
+    sb = assists([e for e in b if e.verdict.scored])
+    both = [key for key in sa if key in sb]
+    a_only = sum(sa[k] is not None and sb[k] is None for k in both)
+    b_only = sum(sa[k] is None and sb[k] is not None for k in both)
+    return {"solved_pairs": len(both), "a_solved_only": a_only, "b_solved_only": b_only,
+            "solved_p": mcnemar_exact(a_only, b_only)}
 
 
 def _score(ep: Episode) -> float:

@@ -2,7 +2,8 @@
 
 The order is fixed and the same in every mode (live, replay, offline):
 
-1. baseline: the invariants must hold on the clean machine;
+1. baseline: the invariants on the clean machine, recorded (``verify``
+   requires them to hold; a bench records them and does not act on them);
 2. setup: the fault's commands, through the clean probe channel;
 3. pre-check: the success probes must now fail (else the fault did not land,
    and the scenario, not the model, is at fault: ``invalid-scenario``);
