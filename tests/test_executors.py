@@ -18,6 +18,7 @@ import pytest
 from runner.app.agents import AgentChoice
 from runner.app.bench import matrix
 from runner.app.executors import (
+    Executor,
     InProcess,
     ProcessPool,
     WorkerLost,
@@ -30,7 +31,7 @@ from runner.core.paths import repo_root
 ORACLE = repo_root() / "recordings" / "oracle"
 
 
-def _all(pool: ProcessPool | InProcess, deadline: float = 60) -> dict[object, object]:
+def _all(pool: Executor, deadline: float = 60) -> dict[object, object]:
     """Every job's value (or error) by key, waiting at most ``deadline`` seconds."""
     out: dict[object, object] = {}
     end = time.monotonic() + deadline
