@@ -60,9 +60,10 @@ perf: setup
 reliability: setup
 	$(PY) -m pytest -q -s tests/test_reliability.py $(ARGS)
 
-## lint: ruff, and import-linter's layer and no-cycle contracts (pyproject.toml)
+## lint: ruff, mypy ([tool.mypy]), and import-linter's layer and no-cycle contracts (pyproject.toml)
 lint: setup
 	$(PY) -m ruff check runner tests examples
+	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
 image: setup
@@ -72,4 +73,4 @@ doctor: setup
 	$(RB) doctor
 
 clean:
-	rm -rf runs .pytest_cache .ruff_cache
+	rm -rf runs .pytest_cache .ruff_cache .mypy_cache

@@ -6,8 +6,12 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # the image fixture imports the backend when a test first asks for it
+    from runner.backends.images import BuiltImage
 
 
 def qemu_pids() -> set[int]:
@@ -43,7 +47,7 @@ def no_new_qemu() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def image():  # type: ignore[no-untyped-def]
+def image() -> BuiltImage:
     """The default image, built if the cache lacks it (the first run takes a few minutes)."""
     from runner.backends.images import ensure_image
 

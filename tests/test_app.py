@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,13 +18,13 @@ from runner.app.runs import new_run_dir, slug
 from runner.core.cassette import CassetteWriter, RecordMode
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import repo_root
-from runner.core.spec import load_specs, select
+from runner.core.spec import Scenario, load_specs, select
 
 ORACLE = repo_root() / "recordings" / "oracle"
 IDS = ["rogue-port-80", "permission-403"]
 
 
-def _scenarios() -> list:  # type: ignore[type-arg]
+def _scenarios() -> list[Scenario]:
     return select(load_specs([repo_root() / "specs"]), IDS)
 
 
@@ -84,9 +85,9 @@ def test_run_folders_are_slugs_inside_runs_dir(tmp_path: Path) -> None:
     assert d.parent == tmp_path / "runs" and "/" not in d.name and ".." not in d.name
 
 
-def _cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=120, cwd=repo_root(), **kw)  # type: ignore[call-overload]
+                          timeout=120, cwd=repo_root(), **kw)
 
 
 def test_format_json_is_one_document_on_stdout(tmp_path: Path) -> None:

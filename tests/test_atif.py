@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -25,7 +26,7 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 LIVE_JSON = RECORDINGS / "archive" / "2026-12-03-before-hints" / "qwen2.5-coder-1.5b-json"
 
 
-def _rfc_errors(doc: dict) -> list[str]:
+def _rfc_errors(doc: dict[str, Any]) -> list[str]:
     """The schema's verdict plus the two RFC rules a JSON Schema cannot state."""
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(doc)]
     ids = [s.get("step_id") for s in doc.get("steps", [])]

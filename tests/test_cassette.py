@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,14 +31,14 @@ SCENARIO = {"id": "t", "title": "t", "image": "debian-12-nginx", "task": "fix it
             "probes": [], "invariants": []}
 
 
-def _header() -> dict:
+def _header() -> dict[str, Any]:
     return {"type": "header", "format": 1, "scenario": SCENARIO,
             "model": {"kind": "oracle", "name": "oracle"}}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_events)
-def test_round_trip(tmp_path: Path, events: list[dict]) -> None:
+def test_round_trip(tmp_path: Path, events: list[dict[str, Any]]) -> None:
     path = tmp_path / "c.jsonl"
     with CassetteWriter(path) as w:
         w.write(_header())
@@ -109,9 +110,9 @@ def test_replay_mismatch_names_turn_and_message(tmp_path: Path) -> None:
     assert lenient.mismatches and "turn 2" in lenient.mismatches[0]
 
 
-def _committed_events() -> list[dict]:
+def _committed_events() -> list[dict[str, Any]]:
     from runner.core.paths import repo_root
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
     for p in sorted(find_cassettes([repo_root() / "recordings"]))[:40]:
         events += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
     return events
@@ -120,7 +121,7 @@ def _committed_events() -> list[dict]:
 _COMMITTED = _committed_events()
 
 
-def _mutate(event: object, path: list, value: object, delete: bool) -> object:
+def _mutate(event: object, path: list[int], value: object, delete: bool) -> object:
     """``event`` with the value at the end of ``path`` (as far as it leads) replaced or deleted."""
     if not path or not isinstance(event, dict | list) or not event:
         return value
@@ -138,7 +139,7 @@ def _mutate(event: object, path: list, value: object, delete: bool) -> object:
 
 @settings(max_examples=400, deadline=None)
 @given(st.integers(0, 10**6), st.lists(st.integers(0, 50), min_size=1, max_size=4), _values, st.booleans())
-def test_the_compiled_validator_agrees_with_jsonschema(pick: int, path: list, value: object,
+def test_the_compiled_validator_agrees_with_jsonschema(pick: int, path: list[int], value: object,
                                                        delete: bool) -> None:
     """A committed event with one field changed or removed: both validators say the same.
 

@@ -35,8 +35,8 @@ def _oracle_run(tmp: Path, ids: list[str], rounds: int) -> Path:
     rec.mkdir()
     for i in ids:
         shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")  # round 0
-        for r in range(1, rounds):
-            shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.r{r}.jsonl")
+        for rnd in range(1, rounds):
+            shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.r{rnd}.jsonl")
     r = _cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
              "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
     assert r.returncode == 0, r.stderr

@@ -18,6 +18,7 @@ import pytest
 from runner.app.agents import AgentChoice
 from runner.app.bench import matrix
 from runner.app.executors import (
+    Executor,
     InProcess,
     ProcessPool,
     WorkerLost,
@@ -30,7 +31,7 @@ from runner.core.paths import repo_root
 ORACLE = repo_root() / "recordings" / "oracle"
 
 
-def _all(pool: ProcessPool | InProcess, deadline: float = 60) -> dict[object, object]:
+def _all(pool: Executor, deadline: float = 60) -> dict[object, object]:
     """Every job's value (or error) by key, waiting at most ``deadline`` seconds."""
     out: dict[object, object] = {}
     end = time.monotonic() + deadline
@@ -170,6 +171,12 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
         run_bench([s], oracle, RunOptions(), run, resume=True)
     again = run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
     assert [e.arm for e in again] == ["oracle-tools-h0", "oracle-tools-h1"]
+    # a run.json whose arms lost their labels (edited by hand) is refused in words, not a TypeError
+    info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    info["arms"] = [{"protocol": "tools"}, {"label": 7}]
+    (run / "run.json").write_text(json.dumps(info), encoding="utf-8")
+    with pytest.raises(InvalidInput, match="a bench of None, 7; resume it with the same"):
+        run_bench([s], oracle, RunOptions(), run, resume=True, arms=arms)
     # a recorded cassette of another protocol is refused, never passed off as this arm's
     with pytest.raises(InvalidInput, match="speaks protocol tools, this run asks for json"):
         run_bench([s], oracle, RunOptions(), tmp_path / "json",

@@ -39,6 +39,7 @@ class LocalHelper:
     """The guest helper, started here as the SSH guest starts it (program text first on stdin)."""
 
     def __init__(self, rb: Path) -> None:
+        self.rb = rb  # the helper's folder (its /run/rb)
         src = helper_source()
         bootstrap = helper_command().split("-c ", 1)[1].strip("'")
         self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb)],  # as exec -a does
@@ -119,7 +120,7 @@ def test_exit_code_and_merged_output_come_back_and_no_file_is_left(helper: Local
                                                                    tmp_path: Path) -> None:
     r = helper.run("echo hi; echo 'it''s' >&2; exit 3", clean=clean)
     assert r.exit_code == 3 and r.output == "hi\nits\n" and not r.truncated and not r.timed_out
-    rb = Path(helper.proc.args[-1])
+    rb = helper.rb
     assert {p.name for p in rb.iterdir()} <= {"cwd"}  # no script or output file left
 
 

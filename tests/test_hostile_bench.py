@@ -226,8 +226,9 @@ def test_malformed_usage_ends_the_episode_infra_error_and_keeps_the_cassette(
 def test_count_usage_ignores_what_is_not_a_count() -> None:
     """A hand-edited cassette replayed with broken usage must not reach the verdict line."""
     from runner.core.episode import Episode, _Loop
+    from runner.core.outcomes import AgentKind
 
-    ep = Episode(scenario="s", agent="model", model="m", protocol="json")
+    ep = Episode(scenario="s", agent=AgentKind.MODEL, model="m", protocol="json")
     loop = _Loop.__new__(_Loop)
     loop.ep = ep
     for usage in ({"prompt_tokens": math.nan}, {"prompt_tokens": -4}, {"prompt_tokens": "7"},

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ GOOD_EPISODE = {"scenario": "rogue-port-80", "agent": "oracle", "model": "oracle
 ])
 def test_damaged_results_are_one_line_for_report_and_resume(tmp_path: Path, data: object,
                                                              field: str | None) -> None:
-    run = _results(tmp_path, data)  # type: ignore[arg-type]
+    run = _results(tmp_path, data)
     for args in (["report", str(run)], ["bench", "--agent", "oracle", "--resume", str(run)]):
         r = _cli(*args)
         _one_clean_line(r, 2, "results.json", *([field] if field else []))
@@ -224,7 +225,8 @@ def test_a_cache_that_is_a_file_is_one_line(tmp_path: Path) -> None:
                          "    service: {name: nginx, active: true}\n    within: .nan", 1),
      ["within", "finite"]),
 ])
-def test_specs_that_used_to_validate_and_crash_later(tmp_path: Path, edit, fields) -> None:  # type: ignore[no-untyped-def]
+def test_specs_that_used_to_validate_and_crash_later(tmp_path: Path, edit: Callable[[str], str],
+                                                     fields: list[str]) -> None:
     spec = tmp_path / "x.yaml"
     spec.write_text(edit((repo_root() / "specs" / "rogue-port-80.yaml").read_text()))
     for command in ("validate", "list"):

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import markupsafe
 import pytest
@@ -220,7 +221,7 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
-def _load(driver, path: Path) -> list[dict]:  # type: ignore[no-untyped-def]
+def _load(driver, path: Path) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """Open ``path`` from file:// and return what the console said while it loaded."""
     driver.get_log("browser")  # drain what earlier pages said
     driver.get(path.resolve().as_uri())
@@ -249,7 +250,7 @@ def _only_local(driver) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.browser
 def test_report_of_committed_runs_reads_and_folds_in_chromium(
-        browser, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+        browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
@@ -356,7 +357,7 @@ def _shape(driver) -> dict[str, int]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.browser
 def test_hostile_cassette_text_stays_text_in_chromium(
-        browser, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+        browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser

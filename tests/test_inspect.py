@@ -68,7 +68,7 @@ def test_the_oracle_as_bash_tool_calls_passes_and_the_log_opens_in_inspect_view(
     calls = [ModelOutput.for_tool_call("mockllm/model", "bash", {"command": c}) for c in solution]
     log = _eval(tmp_path, [*calls, ModelOutput.from_content("mockllm/model", "fixed")])
     [sample] = log.samples or []
-    score = sample.scores["verdict"]
+    score = (sample.scores or {})["verdict"]
     assert score.value == {"verdict": "C", "score": 1.0} and score.answer == "pass", score
     meta = score.metadata or {}
     assert meta["stop"] == "finish" and meta["commands"] == len(solution) and meta["flags"] == []
@@ -108,7 +108,8 @@ def test_the_oracle_as_bash_tool_calls_passes_and_the_log_opens_in_inspect_view(
 def test_a_model_that_does_nothing_fails(tmp_path: Path, image: Any) -> None:
     log = _eval(tmp_path, [ModelOutput.from_content("mockllm/model", "Looks fine to me.")])
     [sample] = log.samples or []
-    score = sample.scores["verdict"]
-    assert score.value["verdict"] == "I" and score.answer == "fail", score  # type: ignore[index]
+    score = (sample.scores or {})["verdict"]
+    assert isinstance(score.value, dict)
+    assert score.value["verdict"] == "I" and score.answer == "fail", score
     assert (score.metadata or {})["commands"] == 0
     assert "403" in (score.explanation or "")

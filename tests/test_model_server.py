@@ -132,7 +132,7 @@ def _episode_against(script: list[str], path: Path, seconds: int | None = None) 
 
 
 @pytest.mark.vm
-def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path: Path) -> None:
     from runner.app.replay import replay_one
 
     path = tmp_path / "c.jsonl"
@@ -144,7 +144,7 @@ def test_context_overflow_ends_the_run_and_the_machine_is_judged(tmp_path) -> No
 
 
 @pytest.mark.vm
-def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path: Path) -> None:
     from runner.app.replay import replay_one
 
     path = tmp_path / "c.jsonl"
@@ -155,7 +155,7 @@ def test_a_model_slower_than_the_scenario_budget_runs_out_of_time(tmp_path) -> N
 
 
 @pytest.mark.vm
-def test_episode_against_a_broken_server_is_infra_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_episode_against_a_broken_server_is_infra_error(tmp_path: Path) -> None:
     from runner.core.cassette import Cassette
 
     path = tmp_path / "c.jsonl"

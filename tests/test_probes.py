@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from runner.backends.images import BuiltImage
 from runner.core.cassette import FORMAT_VERSION, Cassette
+from runner.core.clock import Clock
 from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.outcomes import ProbeOutcome
@@ -463,7 +465,7 @@ def test_bad_params_are_a_type_error(params: Any) -> None:
 
 # --- run_probes ----------------------------------------------------------------------------
 
-class StepClock:
+class StepClock(Clock):
     """A clock that moves only when something sleeps: deterministic retries."""
 
     def __init__(self) -> None:
@@ -886,7 +888,7 @@ def _sh(guest: Guest, command: str) -> str:
 
 
 @pytest.mark.vm
-def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image: BuiltImage, no_new_qemu: None) -> None:
     """Tools replaced, a fake ``nginx``, a mount over /proc, a fake systemd: rules 2 see through all.
 
     The same probes under rules 1 are shown fooled by the replaced tools

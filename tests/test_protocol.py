@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from runner.core.protocol import (
     BudgetLeft,
     Finish,
     JsonProtocol,
+    Protocol,
     RunCommand,
     TextProtocol,
     ToolsProtocol,
@@ -25,14 +27,14 @@ from runner.core.spec import Scenario
 ALL = [ToolsProtocol(), JsonProtocol(), TextProtocol()]
 
 
-def _msg(content: object = None, tool_calls: object = None) -> dict:
-    m: dict = {"role": "assistant", "content": content}
+def _msg(content: object = None, tool_calls: object = None) -> dict[str, Any]:
+    m: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls is not None:
         m["tool_calls"] = tool_calls
     return m
 
 
-def _call(name: str, arguments: object, cid: str = "c1") -> dict:
+def _call(name: str, arguments: object, cid: str = "c1") -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -138,8 +140,8 @@ _messages = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(ALL), _messages)
-def test_parsers_never_raise_and_always_act(protocol: object, message: object) -> None:
-    actions = protocol.parse(message)  # type: ignore[attr-defined]
+def test_parsers_never_raise_and_always_act(protocol: Protocol, message: Any) -> None:
+    actions = protocol.parse(message)
     assert actions and all(isinstance(a, RunCommand | Finish | Violation) for a in actions)
     for a in actions:
         if isinstance(a, RunCommand):

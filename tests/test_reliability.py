@@ -36,7 +36,7 @@ from runner.core.model import ChatRequest, ModelReply, ScriptedModel
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
-from runner.core.spec import Budget, load_spec
+from runner.core.spec import Budget, Scenario, load_spec
 
 pytestmark = [pytest.mark.vm, pytest.mark.reliability]
 ROWS: list[list[str]] = []
@@ -63,7 +63,7 @@ def _over(transport: str) -> str:
     return "" if transport == "serial" else " (over SSH)"
 
 
-def _scenario(turns: int = 6, command_timeout: float = 5) -> object:
+def _scenario(turns: int = 6, command_timeout: float = 5) -> Scenario:
     s = load_spec(SPECS / "rogue-port-80.yaml")
     return dataclasses.replace(s, budget=Budget(turns=turns, seconds=300,
                                                 command_timeout=command_timeout))
@@ -80,9 +80,9 @@ def _episode(commands: list[str], transport: str = "serial", **kw: object) -> tu
                 seen.append(str(last.get("content")))
             return super().complete(request, timeout)
 
-    scenario = _scenario(**kw)  # type: ignore[arg-type]
+    scenario = _scenario(**kw)  # type: ignore[arg-type]  # turns and command_timeout, as given
     with Sandbox("debian-12-nginx", accel="auto", transport=transport) as box:
-        ep = run_episode(scenario, box.guest, Watching(AgentKind.MODEL, commands, "done"),  # type: ignore[arg-type]
+        ep = run_episode(scenario, box.guest, Watching(AgentKind.MODEL, commands, "done"),
                          get_protocol("tools"), Clock(), vm_killed=box.killed_externally)
     return ep, seen
 

@@ -108,7 +108,7 @@ def test_a_damaged_probe_in_a_cassette_header_is_invalid_input(tmp_path: Path, p
         scenario_from_dict(d)
 
 
-BAD = {
+BAD: dict[str, tuple[str | bytes, str]] = {
     "empty": ("", "empty"),
     "list": ("- a\n- b\n", "mapping at the top level, not a list"),
     "scalar": ("hello\n", "not a str"),

@@ -26,6 +26,7 @@ from runner.app.stats import (
     wilson,
 )
 from runner.core.episode import Episode
+from runner.core.outcomes import AgentKind, Verdict
 
 pytestmark = pytest.mark.filterwarnings("error")  # no statistic may warn, degenerate data included
 
@@ -153,8 +154,8 @@ def test_bootstrap_on_few_pass_fail_values_stays_in_range_and_is_reproducible() 
 # --- summaries of a run ----------------------------------------------------------------------
 
 def _ep(scenario: str, verdict: str, round_: int = 0, **extra: object) -> Episode:
-    ep = Episode(scenario=scenario, agent="oracle", model="m", protocol="tools", round=round_,
-                 verdict=verdict)
+    ep = Episode(scenario=scenario, agent=AgentKind.ORACLE, model="m", protocol="tools",
+                 round=round_, verdict=Verdict(verdict))
     for name, value in extra.items():
         setattr(ep, name, value)  # graded score / hint level, as newer episodes carry them
     return ep
@@ -182,7 +183,7 @@ def test_graded_scores_and_hint_levels_are_used_when_episodes_carry_them() -> No
     s = summarize(eps).scenarios[0]
     assert s.mean_score == pytest.approx(0.375)
     # Round 0 passed with one hint; round 1 never passed, so it has no assist level.
-    assert (s.solved, s.mean_assist) == (1, pytest.approx(1.0))
+    assert s.solved == 1 and s.mean_assist == pytest.approx(1.0)
     assert summarize(eps).to_dict()["overall"]["solved"] == 1
 
 
@@ -199,7 +200,7 @@ def test_a_ladder_is_judged_by_its_first_tries_and_its_assist_by_the_lowest_pass
     assert (s.runs, s.scored, s.passes) == (6, 3, 1)
     assert s.pass_at_1 == pytest.approx(1 / 3) and s.pass_at_1_ci == wilson(1, 3)
     assert s.mean_score == pytest.approx(1 / 3)
-    assert (s.solved, s.mean_assist) == (2, pytest.approx(1.0))
+    assert s.solved == 2 and s.mean_assist == pytest.approx(1.0)
     table = statistics_table(eps)
     assert "solved (any level)" in table and "| 2/3 " in table
 
@@ -246,7 +247,7 @@ def test_milestones_count_first_tries_and_time_to_fix_every_fixed_run() -> None:
            _ep("a", "infra-error", 3, fixed_at={"turn": 1, "seconds": 1.0})]
     s = summarize(eps).scenarios[0]
     assert s.mean_milestones == pytest.approx(0.5)  # (0.5 + 1.0 + 0.0) / 3 first tries
-    assert (s.fixed, s.median_fix_s) == (3, pytest.approx(30.0))  # not the infra-error's
+    assert s.fixed == 3 and s.median_fix_s == pytest.approx(30.0)  # not the infra-error's
     d = summarize(eps).to_dict()["scenarios"][0]
     assert (d["mean_milestones"], d["fixed"], d["median_fix_s"]) == (0.5, 3, 30.0)
     assert "| 3: 30.0 " in statistics_table(eps)

@@ -233,7 +233,9 @@ def test_the_fifth_check_names_the_shortcut_that_passed() -> None:
     headers, [row] = table_rows([_verification(ok, bad)])
     assert headers[5] == "shortcuts rejected" and row[5] == "FAIL:1/2"
     [doc] = json_rows([_verification(ok, bad)])
-    assert doc["valid"] is False and [s["name"] for s in doc["shortcuts"]] == [
+    shortcuts = doc["shortcuts"]
+    assert isinstance(shortcuts, list)
+    assert doc["valid"] is False and [s["name"] for s in shortcuts] == [
         "chmod it all", "copy the page"]
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import qemu_pids
 
 from runner.backends.cachedir import cache_dir
-from runner.backends.images import base_sha256
+from runner.backends.images import BuiltImage, base_sha256
 from runner.backends.sandbox import Sandbox
 from runner.core.errors import GuestDown
 from runner.core.paths import repo_root
@@ -23,7 +23,7 @@ from runner.core.paths import repo_root
 pytestmark = pytest.mark.vm
 
 
-def test_restore_gives_a_ready_root_shell(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_restore_gives_a_ready_root_shell(image: BuiltImage, no_new_qemu: None) -> None:
     with Sandbox(image.name, accel="auto") as box:
         assert box.info.restored is True
         assert box.info.accel in ("kvm", "tcg")
@@ -67,7 +67,7 @@ _FALLBACK_CHILD = textwrap.dedent("""
 """)
 
 
-def test_auto_accel_falls_back_when_kvm_is_unusable(image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_auto_accel_falls_back_when_kvm_is_unusable(image: BuiltImage, tmp_path: Path) -> None:
     if not Path("/dev/kvm").exists():
         pytest.skip("this host has no /dev/kvm to make unusable (auto picks TCG without trying)")
     verdicts = tmp_path / "hostinfo"
@@ -109,7 +109,7 @@ def test_auto_accel_falls_back_when_kvm_is_unusable(image, tmp_path: Path) -> No
     assert not list(scratch.glob("rb-*")), list(scratch.iterdir())
 
 
-def test_each_run_starts_clean(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_each_run_starts_clean(image: BuiltImage, no_new_qemu: None) -> None:
     with Sandbox(image.name, accel="tcg") as box:
         box.guest.exec("echo dirty > /root/marker; systemctl stop nginx", 30)
     with Sandbox(image.name, accel="tcg") as box:
@@ -117,7 +117,7 @@ def test_each_run_starts_clean(image, no_new_qemu) -> None:  # type: ignore[no-u
         assert r.output.split() == ["1", "active"]
 
 
-def test_base_image_is_never_written(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_base_image_is_never_written(image: BuiltImage, no_new_qemu: None) -> None:
     before = base_sha256(image)
     assert before == image.sha256
     with Sandbox(image.name, accel="tcg") as box:
@@ -128,24 +128,25 @@ def test_base_image_is_never_written(image, no_new_qemu) -> None:  # type: ignor
     assert not os.access(image.base, os.W_OK) or os.stat(image.base).st_mode & 0o222 == 0
 
 
-def test_cold_boot_works_without_a_snapshot(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_cold_boot_works_without_a_snapshot(image: BuiltImage, no_new_qemu: None) -> None:
     with Sandbox(image.name, accel="tcg", snapshot=False) as box:
         assert box.info.restored is False
         assert box.guest.exec("systemctl is-active ssh", 20).output.strip() == "active"
 
 
-def test_teardown_on_exception_removes_everything(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_teardown_on_exception_removes_everything(image: BuiltImage, no_new_qemu: None) -> None:
     with pytest.raises(RuntimeError), Sandbox(image.name, accel="tcg") as box:
         pid, workdir, socks = box.pid, box.workdir, box.socket_dir
         assert pid in qemu_pids() and workdir is not None and socks is not None
         assert (workdir / "overlay.qcow2").is_file() and (socks / "qmp.sock").exists()
         raise RuntimeError("boom")
     assert pid not in qemu_pids()
+    assert workdir is not None and socks is not None  # as asserted inside the block
     assert not workdir.exists() and not socks.exists()
     assert box.workdir is None and box.socket_dir is None and box.qemu_argv == ()
 
 
-def test_qemu_killed_from_outside_is_told_apart(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_qemu_killed_from_outside_is_told_apart(image: BuiltImage, no_new_qemu: None) -> None:
     with Sandbox(image.name, accel="tcg") as box:
         box.kill()
         assert not box.vm_alive() and box.killed_externally()
@@ -153,7 +154,7 @@ def test_qemu_killed_from_outside_is_told_apart(image, no_new_qemu) -> None:  # 
             box.guest.exec("true", 5)
 
 
-def test_guest_poweroff_is_not_an_outside_kill(image, no_new_qemu) -> None:  # type: ignore[no-untyped-def]
+def test_guest_poweroff_is_not_an_outside_kill(image: BuiltImage, no_new_qemu: None) -> None:
     with Sandbox(image.name, accel="tcg") as box:
         try:
             box.guest.exec("systemctl poweroff --force --force", 10)
@@ -167,7 +168,7 @@ def test_guest_poweroff_is_not_an_outside_kill(image, no_new_qemu) -> None:  # t
         assert not box.guest.alive()
 
 
-def test_no_orphan_qemu_when_rootbench_is_killed(image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_no_orphan_qemu_when_rootbench_is_killed(image: BuiltImage, tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import sys, time
         from runner.backends.sandbox import Sandbox

@@ -78,10 +78,10 @@ class ModelProvider:
         if self.choice.kind is not AgentKind.MODEL:
             return self
         c = self.choice
-        sampling = {"temperature": c.temperature, "seed": c.seed, "max_tokens": c.max_tokens}
         if c.endpoint:
             log.info("using the server at %s; nothing is started", c.endpoint)
-            self._model = OpenAIModel(c.endpoint, c.model, **sampling)
+            self._model = OpenAIModel(c.endpoint, c.model, temperature=c.temperature, seed=c.seed,
+                                      max_tokens=c.max_tokens)
             return self
         binary = ensure_llama_server(path=c.llama_server)
         model_path = Path(c.model_file) if c.model_file else fetch_model(c.model)
@@ -95,7 +95,7 @@ class ModelProvider:
                         parallel=self.parallel))
         extra = llama_fingerprint(self._server, binary, model_path)
         self._model = OpenAIModel(self._server.endpoint, c.label(), extra_fingerprint=extra,
-                                  **sampling)
+                                  temperature=c.temperature, seed=c.seed, max_tokens=c.max_tokens)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -196,9 +196,9 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
     shown = shown or traj.path.name
     began, replied = step_times(traj)
     header = traj.header
-    fingerprint = header.get("model") if isinstance(header.get("model"), dict) else {}
-    harness = header.get("harness") if isinstance(header.get("harness"), dict) else {}
-    protocol = header.get("protocol") if isinstance(header.get("protocol"), dict) else {}
+    fingerprint = v if isinstance(v := header.get("model"), dict) else {}
+    harness = v if isinstance(v := header.get("harness"), dict) else {}
+    protocol = v if isinstance(v := header.get("protocol"), dict) else {}
     steps: list[dict[str, Any]] = [
         {"step_id": 1, "source": "system", "message": traj.system_prompt,
          "extra": {"system_prompt": traj.system_prompt_note}},

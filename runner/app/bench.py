@@ -20,7 +20,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from runner import __version__
 from runner.app import html_report
@@ -332,8 +332,8 @@ def same_agent(run_dir: Path, arms: list[Arm], opts: RunOptions) -> None:
     """``--resume`` must ask for the agent, model, server, sampling and protocol run.json says;
     else it would append mismatched episodes. One line naming the field, InvalidInput."""
     info = _run_json(run_dir)
-    had_agent = info.get("agent") if isinstance(info.get("agent"), dict) else {}
-    had_opts = info.get("options") if isinstance(info.get("options"), dict) else {}
+    had_agent = v if isinstance(v := info.get("agent"), dict) else {}
+    had_opts = v if isinstance(v := info.get("options"), dict) else {}
     choice = arms[0].choice
     scripted = choice.kind is not AgentKind.MODEL
     now_agent: dict[str, Any] = {**dataclasses.asdict(choice), "kind": choice.kind.value}
@@ -392,7 +392,7 @@ def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
     had = [a.get("label") for a in asked if isinstance(a, dict)]
     now = [a.label for a in arms if a.label]
     if had != now:
-        raise InvalidInput(f"this run directory is a bench of {', '.join(had) or 'one arm'}; "
+        raise InvalidInput(f"this run directory is a bench of {', '.join(map(str, had)) or 'one arm'}; "
                            f"resume it with the same --model, --protocol and --hints (asked: "
                            f"{', '.join(now) or 'one arm'})", path=str(run_dir), field="--resume")
 
@@ -469,8 +469,9 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
         done = executor.next_done(1.0)
         if done is None:
             continue
-        job, i, tag, a, s = in_flight.pop(done.key)  # type: ignore[index]
-        eta.finished(done.key)
+        key = cast(Key, done.key)  # the executor hands back the key it was given in submit()
+        job, i, tag, a, s = in_flight.pop(key)
+        eta.finished(key)
         if isinstance(done.error, WorkerLost):
             log.warning("%s: %s", tag, one_line(str(done.error)))
             ep = job.lost(str(done.error))
@@ -481,7 +482,7 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             ep = result.episode
             if result.cassette_text is not None:
                 atomic_write(job.cassette, result.cassette_text)
-        finish(done.key, ep, False, tag, a)  # type: ignore[arg-type]
+        finish(key, ep, False, tag, a)
         if ep.verdict is not Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
             advance(i, a, s, job.round)  # the ladder's next level, if it climbs
     return first_report

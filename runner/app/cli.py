@@ -740,13 +740,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     sc.name, sc.kind.value, None, "infra-error",
                     f"infrastructure: {one_line(str(done.error))}")
                 continue
-            s = scenarios[int(done.key)]  # type: ignore[call-overload]
+            s = scenarios[int(done.key)]  # type: ignore[call-overload]  # the int key submitted
             v = done.value if done.error is None else Verification(
                 s.id, problems=[f"infrastructure: {one_line(str(done.error))}"])
             vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
                       s.id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
                       else "INVALID: " + "; ".join(v.problems), v.seconds)
-            found[int(done.key)] = v  # type: ignore[call-overload]
+            found[int(done.key)] = v  # type: ignore[call-overload]  # the int key submitted
     results = [found[i] for i in range(len(scenarios))]
     for i, (s, v) in enumerate(zip(scenarios, results, strict=True)):
         add_shortcuts(v, [shortcuts[(i, j)] for j in range(len(s.shortcuts))])

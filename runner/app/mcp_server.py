@@ -179,21 +179,20 @@ def serve(scenario: Scenario, opts: RunOptions, runs_dir: Path, *, transport: st
     import anyio
 
     run_dir = new_run_dir(runs_dir, f"mcp-{scenario.id}")
-    run = EpisodeRun(scenario, opts, run_dir, hint_level,
-                     McpAgentModel("mcp-client", {"transport": transport}),
-                     {"transport": transport})
+    bridge = McpAgentModel("mcp-client", {"transport": transport})
+    run = EpisodeRun(scenario, opts, run_dir, hint_level, bridge, {"transport": transport})
     server = _server(run, _instructions(scenario, hint_level))
     log.info("run directory: %s", run_dir)
     run.start()
     if transport == "stdio":
         anyio.run(server.run_stdio_async)
         log.info("the client has gone")
-        run.bridge.disconnect()
+        bridge.disconnect()
     else:
         import uvicorn
 
         app = _ends_session_on_delete(server.streamable_http_app(host=host),
-                                      run.bridge.disconnect)
+                                      bridge.disconnect)
         web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                             lifespan="on"))
 
@@ -210,7 +209,7 @@ def serve(scenario: Scenario, opts: RunOptions, runs_dir: Path, *, transport: st
                 tg.cancel_scope.cancel()
 
         anyio.run(main)
-        run.bridge.disconnect()  # stopped from outside (Ctrl-C) before the end: judge it now
+        bridge.disconnect()  # stopped from outside (Ctrl-C) before the end: judge it now
     if not run.done.wait(JUDGE_WAIT + scenario.budget.seconds):
         log.warning("the episode did not end in time; leaving it")
         return None

@@ -120,7 +120,8 @@ class NodeModel(Model):
 
         node = ray.get_runtime_context().get_node_id()
         actor = ray.get_actor(f"{self.actors}-{node}")
-        endpoint, fingerprint = ray.get(actor.endpoint.remote(), timeout=BUILD_TIMEOUT)
+        ref: ray.ObjectRef[tuple[str, dict[str, Any]]] = actor.endpoint.remote()  # _NodeServer's
+        endpoint, fingerprint = ray.get(ref, timeout=BUILD_TIMEOUT)
         c = self.choice
         return OpenAIModel(endpoint, self.name, extra_fingerprint=fingerprint,
                            temperature=c.temperature, seed=self.seed, max_tokens=c.max_tokens)

@@ -202,8 +202,8 @@ def _same_episode(cas: Cassette, path: Path) -> None:
     would otherwise replay "same" while saying something the run never did.
     """
     header, verdict = cas.header, cas.verdict or {}
-    model = header.get("model") if isinstance(header.get("model"), dict) else {}
-    protocol = header.get("protocol") if isinstance(header.get("protocol"), dict) else {}
+    model = v if isinstance(v := header.get("model"), dict) else {}
+    protocol = v if isinstance(v := header.get("protocol"), dict) else {}
 
     def agent(value: object) -> object:
         try:

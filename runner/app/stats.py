@@ -27,7 +27,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,6 +36,8 @@ from runner.core.outcomes import Verdict
 
 CONFIDENCE = 0.95  # every interval rootbench shows, unless asked otherwise
 RESAMPLES = 9999  # bootstrap resamples (scipy's default)
+Method = Literal["BCa", "percentile"]  # scipy's names of the bootstrap intervals used here
+METHODS: tuple[Method, ...] = ("BCa", "percentile")  # the first that scipy can compute
 
 
 # --- the estimators ---------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def bootstrap_mean(values: Iterable[float], confidence: float = CONFIDENCE,
     point = float(data.mean())
     if data.size < 2 or bool(np.all(data == data[0])):
         return Interval(point, point)
-    for method in ("BCa", "percentile"):
+    for method in METHODS:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # scipy's DegenerateDataWarning is one
             try:
@@ -120,13 +122,18 @@ def bootstrap_mean(values: Iterable[float], confidence: float = CONFIDENCE,
     return Interval(float(data.min()), float(data.max()))  # never reached in practice
 
 
-def _bootstrap(data: np.ndarray, confidence: float, seed: int, method: str) -> tuple[float, float]:
+def _bootstrap(data: np.ndarray, confidence: float, seed: int,
+               method: Method) -> tuple[float, float]:
     from scipy.stats import bootstrap  # heavy import, see the module docstring
 
+    rng = np.random.default_rng(seed)
     # scipy 1.15 renamed random_state to rng; both take a Generator.
-    seed_kw = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
-    res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES,
-                    method=method, **{seed_kw: np.random.default_rng(seed)})
+    if "rng" in inspect.signature(bootstrap).parameters:
+        res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES,
+                        method=method, rng=rng)
+    else:
+        res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES,
+                        method=method, random_state=rng)
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 

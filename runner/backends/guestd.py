@@ -81,7 +81,7 @@ REMEMBER_CWD = b"\n__rb=$?; pwd > " + RB.encode() + b"/cwd 2>/dev/null; exit $__
 # Signals Python ignores (or the helper does) that a command must get with their default action.
 RESTORE_SIGNALS = (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP)
 DONE, TIMED_OUT, LOST = 0, 1, 2  # a frame's outcome: exited, killed at its timeout, status unknown
-RUNNING = []  # [zygote, pid, script, output] of the command in hand, for an interrupt to clean up
+RUNNING: list = []  # [zygote, pid, script, output] of the command in hand, for an interrupt to clean up
 
 
 class ZygoteGone(Exception):
@@ -301,8 +301,8 @@ SYSTEMD_SOCKET = "/run/systemd/private"
 READ_CAP = 700000  # bytes of a file's content or an HTTP body: base64 in JSON fits a 1 MiB frame
 UNIT_TYPES = (".service", ".socket", ".target", ".device", ".mount", ".automount", ".swap",
               ".timer", ".path", ".slice", ".scope")
-PINNED = {}  # path -> sha256 of the file there the first time a question named it
-HASHED = {}  # (st_dev, st_ino, size, mtime_ns, ctime_ns) -> sha256, so a big binary is read once
+PINNED: "dict[str, str | None]" = {}  # path -> sha256 of the file there the first time a question named it
+HASHED: "dict[tuple[int, int, int, int, int], str]" = {}  # (st_dev, st_ino, size, mtime_ns, ctime_ns) -> sha256, so a big binary is read once
 
 
 class Tampered(Exception):
@@ -421,7 +421,7 @@ def ask_port(q):
     if proto not in ("tcp", "udp"):
         return {"error": "unknown protocol"}
     inodes = _listening_inodes(proto, port)
-    answer = {"listening": bool(inodes), "processes": []}
+    answer: dict = {"listening": bool(inodes), "processes": []}
     exe = q.get("exe")
     if exe:
         # The reference is the file at that path the first time a question named it: the
@@ -483,7 +483,7 @@ def ask_file(q):
     except FileNotFoundError:
         return {"exists": False}
     except OSError as exc:
-        return {"error": "lstat: " + exc.strerror}
+        return {"error": "lstat: " + (exc.strerror or str(exc))}
     kind = "regular empty file" if stat.S_ISREG(st.st_mode) and st.st_size == 0 else "regular file"
     for test, name in FILE_TYPES:
         if test(st.st_mode):
@@ -689,7 +689,7 @@ def _dbus_wake(sock, deadline):
     """Ping systemd until it answers. A first message that reaches it in the same read as the
     BEGIN that ends authentication can sit unprocessed until more bytes arrive (seen with
     systemd 252 under load); each further ping is such bytes."""
-    serials = []
+    serials: list[int] = []
     while time.monotonic() < deadline:
         serials.append(100 + len(serials))
         _dbus_send(sock, serials[-1], "/org/freedesktop/systemd1", "org.freedesktop.DBus.Peer", "Ping", [])

@@ -12,6 +12,7 @@ accident.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -266,7 +267,7 @@ def join_parts(parts: list[Path], size: int, sha256: str, dest: Path) -> Path:
         with tmp.open("wb") as out:
             for part in parts:
                 with part.open("rb") as fh:
-                    for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    for chunk in iter(functools.partial(fh.read, 1 << 20), b""):
                         h.update(chunk)
                         out.write(chunk)
                         total += len(chunk)

@@ -432,9 +432,9 @@ def _count(where: str, value: Any, *, integer: bool) -> int | float | None:
 
 def _usage(data: dict[str, Any]) -> dict[str, Any]:
     """The reply's token counts and llama-server's timings, each checked by :func:`_count`."""
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    usage = v if isinstance(v := data.get("usage"), dict) else {}
+    timings = v if isinstance(v := data.get("timings"), dict) else {}
+    details = v if isinstance(v := usage.get("prompt_tokens_details"), dict) else {}
     cached = ("usage.prompt_tokens_details.cached_tokens", details["cached_tokens"]) \
         if "cached_tokens" in details else ("timings.cache_n", timings.get("cache_n"))
     fields = {

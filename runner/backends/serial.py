@@ -62,7 +62,8 @@ class SerialGuest(FramedGuest, Guest):
                           error=GuestDown,
                           message=lambda: f"cannot connect to the serial console {socket_path}")
         self._sock = sock
-        self._child = pexpect.fdpexpect.fdspawn(sock.fileno(), timeout=30, maxread=1 << 16)
+        self._child: pexpect.fdpexpect.fdspawn[bytes] = pexpect.fdpexpect.fdspawn(
+            sock.fileno(), timeout=30, maxread=1 << 16)  # no encoding: bytes in and out
         self._child.delaybeforesend = None
 
     def _send(self, text: str) -> None:
@@ -84,7 +85,9 @@ class SerialGuest(FramedGuest, Guest):
             raise GuestDown(self._dead)
         if i == len(patterns) + 1:
             return None
-        return i, self._child.match
+        match = self._child.match
+        assert isinstance(match, re.Match)  # pexpect's match is the Match of the pattern seen
+        return i, match
 
     def _drain(self) -> None:
         try:

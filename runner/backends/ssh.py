@@ -49,7 +49,7 @@ class SshGuest(FramedGuest, Guest):
         ]
         self._ctl = ["ssh", *common]
         self._base = ["ssh", *common, "-o", "ControlMaster=no", "root@127.0.0.1"]
-        self._helper: tuple[subprocess.Popen[bytes], pexpect.fdpexpect.fdspawn] | None = None
+        self._helper: tuple[subprocess.Popen[bytes], pexpect.fdpexpect.fdspawn[bytes]] | None = None
         self._helper_log = Path(workdir) / "ssh-helper.log"
         self._master_log = Path(workdir) / "ssh-master.log"
         self._control = Path(workdir) / "ssh.ctl"
@@ -89,7 +89,8 @@ class SshGuest(FramedGuest, Guest):
             proc = subprocess.Popen([*self._base, helper_command()], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=err, preexec_fn=die_with_parent)
         assert proc.stdin is not None and proc.stdout is not None
-        reader = pexpect.fdpexpect.fdspawn(proc.stdout.fileno(), timeout=30, maxread=1 << 16)
+        reader: pexpect.fdpexpect.fdspawn[bytes] = pexpect.fdpexpect.fdspawn(
+            proc.stdout.fileno(), timeout=30, maxread=1 << 16)  # no encoding: bytes
         self._helper = (proc, reader)
         token = new_sentinel()
         self._send_bytes(helper_source() + ping(token).encode())
@@ -141,7 +142,11 @@ class SshGuest(FramedGuest, Guest):
             # The session or the helper died (an agent can kill either): start another.
             self._start_helper()
             raise HelperRestarted()
-        return reader.match if i == 0 else None
+        if i != 0:
+            return None
+        match = reader.match
+        assert isinstance(match, re.Match)  # pexpect's match is the Match of the pattern seen
+        return match
 
     def _recover(self) -> None:
         self._start_helper()

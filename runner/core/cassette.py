@@ -20,19 +20,21 @@ import os
 import stat
 from enum import Enum
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import jsonschema
-
-try:  # compiled (Rust) validation of the same schema; jsonschema still describes what is wrong
-    import jsonschema_rs
-except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
-    jsonschema_rs = None
 
 from runner.core import layout
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import schema_path
+
+jsonschema_rs: ModuleType | None  # None without its wheel
+try:  # compiled (Rust) validation of the same schema; jsonschema still describes what is wrong
+    import jsonschema_rs
+except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
+    jsonschema_rs = None
 
 FORMAT_VERSION = 1
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024  # the longest committed cassette is well under 1 MiB
@@ -313,7 +315,8 @@ def _describe(error: jsonschema.ValidationError, event: dict[str, Any]) -> tuple
     """
     path: list[Any] = list(error.absolute_path)
     message = error.message
-    if error.validator == "required" and isinstance(error.instance, dict):
+    if (error.validator == "required" and isinstance(error.instance, dict)
+            and isinstance(error.validator_value, list)):
         missing = [k for k in error.validator_value if k not in error.instance]
         if missing:
             path.append(missing[0])

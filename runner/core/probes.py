@@ -383,7 +383,7 @@ class PortProbe(ProbeKind):
             return _FAIL, seen
         if not self.listening:
             return _PASS, seen
-        reference = answer.get("exe") if isinstance(answer.get("exe"), dict) else {}
+        reference = v if isinstance(v := answer.get("exe"), dict) else {}
         if self.exe is not None and not reference.get("sha256"):
             return _FAIL, seen + f", and {self.exe} was no readable file when first checked"
         if not any(self._matches(p, reference) for p in procs):

@@ -184,7 +184,8 @@ class ReplayGuest(Guest):
     def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
         event = self._stream.next(f"{op} {_short(_served(given))}")
         # A changed timeout or cap does not change what was served; a changed command does.
-        recorded_op = _OLD_OPS.get(event.get("op"), event.get("op"))
+        then_op = str(event.get("op"))
+        recorded_op = _OLD_OPS.get(then_op, then_op)
         where = f"guest exchange {self._stream.served}"
         if recorded_op != op:
             raise ReplayMismatch(

@@ -263,7 +263,8 @@ class _Loader(yaml.SafeLoader):
             event = self.peek_event()
             raise _AliasRefused(None, None, "YAML anchors and aliases are not allowed in specs "
                                             f"(an alias *{event.anchor})", event.start_mark)
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        # types-PyYAML says index is an int; PyYAML also passes None and a mapping's key node
+        return super().compose_node(parent, index)  # type: ignore[arg-type]
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in _Loader.yaml_implicit_resolvers.items()}

@@ -367,7 +367,7 @@ def _heatmap(runs: Sequence[RunView]) -> dict[str, Any]:
         for r in sorted({ep.round for ep in run.episodes}):
             columns.append((i, r, f"r{r + 1}"))
     cells = {(i, *key): ep for i, run in enumerate(runs) for key, ep in _deciding(run).items()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in scenarios:
         row = []
         for i, r, _label in columns:
