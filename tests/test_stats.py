@@ -335,3 +335,11 @@ def test_only_first_tries_are_paired_and_only_at_the_same_hint_level() -> None:
     assert (c.solved_pairs, c.a_solved_only, c.b_solved_only) == (2, 1, 0)
     assert c.solved_p == 1.0 and c.solved_winner == ""
     assert compare(a[::2], b[::2]).solved_p is None  # no hints on either side: no such test
+
+
+def test_a_bootstrap_interval_does_not_depend_on_the_order_of_the_values() -> None:
+    """A bench's table and ``report`` list the same episodes in different orders."""
+    values = [0.25, 0.5, 0.0, 1.0, 0.33, 0.2, 0.75, 0.6, 0.0, 0.43]
+    intervals = {bootstrap_mean(order) for order in (values, sorted(values),
+                                                            sorted(values, reverse=True))}
+    assert len(intervals) == 1, intervals

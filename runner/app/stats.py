@@ -99,9 +99,11 @@ def bootstrap_mean(values: Iterable[float], confidence: float = CONFIDENCE,
     Fewer than two values, or values all equal, leave nothing to resample:
     the interval is the mean itself. Where BCa cannot be computed (scipy
     warns of degenerate data) the percentile interval is used. The same
-    ``seed`` gives the same interval.
+    ``seed`` gives the same interval, whatever order the values come in (they
+    are sorted first: a bench's table and ``report`` of the same episodes
+    listed them in different orders and printed different intervals).
     """
-    data = np.asarray(list(values), dtype=float)
+    data = np.sort(np.asarray(list(values), dtype=float))
     if data.size == 0:
         raise ValueError("the mean of no values has no interval")
     if not np.all(np.isfinite(data)):
