@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from runner.backends.images import BuiltImage
-from runner.core.cassette import FORMAT_VERSION, Cassette
+from runner.core.cassette import Cassette
 from runner.core.clock import Clock
 from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
@@ -39,7 +39,7 @@ from runner.core.probes import (
     run_probes,
 )
 from runner.core.replay import ReplayClock, ReplayGuest
-from runner.core.rules import Rules, rules_of
+from runner.core.rules import Rules
 from runner.core.spec import Probe, scenario_from_dict
 
 PASS, FAIL, ERROR = ProbeOutcome.PASS, ProbeOutcome.FAIL, ProbeOutcome.ERROR
@@ -102,7 +102,7 @@ class CannedGuest(Guest):
 
 def replayed(events: list[dict[str, Any]], header: dict[str, Any] | None = None) -> Cassette:
     """An in-memory cassette of recorded events (the real replay path, without a file)."""
-    head = header or {"type": "header", "format": FORMAT_VERSION}
+    head = header or {"type": "header", "format": 1, "scenario": {}}  # as old as they come
     return Cassette(Path("<memory>"), [head, *events])
 
 
@@ -601,8 +601,8 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     results must equal the ones recorded in the verdict, detail text included.
     """
     cas = Cassette.load(path)
-    rules = rules_of(cas.header)
-    scenario = scenario_from_dict(cas.header["scenario"])
+    rules = cas.head.rules
+    scenario = scenario_from_dict(dict(cas.head.scenario))
     verdict = cas.verdict
     assert verdict is not None
     events = [e for e in cas.events if e["type"] in ("guest", "clock")]

@@ -34,7 +34,6 @@ from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.replay import ReplayGuest, spec_change
-from runner.core.rules import rules_of
 from runner.core.spec import scenario_from_dict
 
 ROOT = repo_root()
@@ -97,15 +96,15 @@ class _InstantGuest(ReplayGuest):
 def _record_infra_error(path: Path) -> Path:
     """Record a real infra-error run: the oracle cassette's guest, a model server that fails."""
     source = Cassette.load(ORACLE)
-    scenario = scenario_from_dict(source.header["scenario"])
+    scenario = scenario_from_dict(dict(source.head.scenario))
     model = _BrokenServer()
     with CassetteWriter(path) as writer:
         writer.write({**source.header, "model": model.fingerprint(), "agent": "model",
                       "protocol": {"name": "tools", "reason": "test"}})
         ep = run_episode(scenario, RecordingGuest(_InstantGuest(source), writer),
                          RecordingModel(model, writer), get_protocol("tools"), Clock(writer), writer,
-                         track_fix=bool(source.header.get("track_fix")),  # as the header says
-                         rules=rules_of(source.header))
+                         track_fix=source.head.track_fix,  # as the header says
+                         rules=source.head.rules)
     assert ep.verdict == "infra-error", ep.reason
     return path
 

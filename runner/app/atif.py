@@ -49,11 +49,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runner.app.html_report import Trajectory, agent_kind, load_trajectory, text
+from runner.app.html_report import Trajectory, load_trajectory, text
 from runner.app.outputs import check_dir_target, write_error
 from runner.app.runs import atomic_write, relative_name, slug
 from runner.core import layout
 from runner.core.cassette import Cassette, digest, find_cassettes
+from runner.core.cassette_header import CassetteHeader, read_header
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
 
@@ -67,15 +68,20 @@ REWARD_TXT = "reward.txt"
 REWARD_JSON = "reward.json"
 
 
-def _started(header: dict[str, Any]) -> _dt.datetime | None:
-    value = header.get("started_at")
-    if not isinstance(value, str):
+def _started(head: CassetteHeader) -> _dt.datetime | None:
+    value = head.started_at
+    if value is None:
         return None
     try:
         start = _dt.datetime.fromisoformat(value)
     except ValueError:
         return None
     return start if start.tzinfo else start.replace(tzinfo=_dt.timezone.utc)
+
+
+def _head(traj: Trajectory) -> CassetteHeader:
+    """The trajectory's cassette header, typed (the trajectory keeps the line as recorded)."""
+    return read_header(traj.header, str(traj.path))
 
 
 def step_times(traj: Trajectory) -> tuple[str | None, list[str | None]]:
@@ -86,7 +92,7 @@ def step_times(traj: Trajectory) -> tuple[str | None, list[str | None]]:
     monotonic clock; the header's ``started_at`` (to the second) says when that was. None
     where the cassette has no start time or no reading to go by.
     """
-    start = _started(traj.header)
+    start = _started(_head(traj))
     if start is None:
         return None, [None] * len(traj.turns)
 
@@ -195,10 +201,7 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
     file name)."""
     shown = shown or traj.path.name
     began, replied = step_times(traj)
-    header = traj.header
-    fingerprint = v if isinstance(v := header.get("model"), dict) else {}
-    harness = v if isinstance(v := header.get("harness"), dict) else {}
-    protocol = v if isinstance(v := header.get("protocol"), dict) else {}
+    head = _head(traj)
     steps: list[dict[str, Any]] = [
         {"step_id": 1, "source": "system", "message": traj.system_prompt,
          "extra": {"system_prompt": traj.system_prompt_note}},
@@ -229,13 +232,13 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
     scenario = text(traj.scenario.get("id")) or traj.path.stem
     return {
         "schema_version": SCHEMA_VERSION,
-        "session_id": f"rootbench-{slug(scenario)}-r{episode.get('round', header.get('round', 0))}"
-                      f"-{digest(header)[:16]}",
-        "agent": {"name": AGENT_NAME, "version": text(harness.get("version")) or "unknown",
+        "session_id": f"rootbench-{slug(scenario)}-r{episode.get('round', head.round)}"
+                      f"-{digest(traj.header)[:16]}",  # the line as recorded
+        "agent": {"name": AGENT_NAME, "version": text(head.harness.version) or "unknown",
                   "model_name": traj.model_name,
-                  "extra": {"agent": agent_kind(header.get("agent")), "protocol": traj.protocol,
-                            "protocol_reason": text(protocol.get("reason")),
-                            "fingerprint": fingerprint}},
+                  "extra": {"agent": head.agent.value, "protocol": traj.protocol,
+                            "protocol_reason": text(head.protocol.reason),
+                            "fingerprint": dict(head.model)}},
         "notes": (f"rootbench episode of scenario {scenario}: a broken Linux server the agent "
                   "fixes through a root shell. The verdict and probe results are in "
                   "extra.rootbench. Text is cleaned of terminal control sequences."),
@@ -252,8 +255,9 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
                                                    "violations") if k in episode},
         },
         "extra": {"rootbench": {
-            "scenario": scenario_doc, "started_at": header.get("started_at"),
-            "image": header.get("image"), "options": header.get("options"),
+            "scenario": scenario_doc, "started_at": head.started_at,
+            "image": dict(head.image),
+            "options": {"accel": head.options.accel, "transport": head.options.transport},
             "episode": episode or None, "cassette": shown,
         }},
     }

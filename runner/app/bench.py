@@ -91,13 +91,13 @@ def _from_recording(round_: int, level: int, recorded: Path,
                            f"({outcome.recorded} -> {outcome.replayed}); re-record it",
                            path=str(recorded))
     loaded = Cassette.load(recorded)
-    if int(loaded.header.get("hint_level", 0)) != level:
+    if loaded.head.hint_level != level:
         raise InvalidInput(f"the recorded cassette ran at hint level "
-                           f"{loaded.header.get('hint_level', 0)}, this run is at {level}",
+                           f"{loaded.head.hint_level}, this run is at {level}",
                            path=str(recorded), field="header.hint_level")
-    spoken = str((loaded.header.get("protocol") or {}).get("name", ""))
+    spoken = loaded.head.protocol.name
     if protocol != "auto" and spoken != protocol:
-        raise InvalidInput(f"the recorded cassette speaks protocol {spoken or '?'}, this run asks "
+        raise InvalidInput(f"the recorded cassette speaks protocol {spoken}, this run asks "
                            f"for {protocol}", path=str(recorded), field="header.protocol")
     cassette.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(recorded, cassette)  # a new file: the umask's mode, not the source's

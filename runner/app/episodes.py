@@ -17,7 +17,8 @@ from typing import Any
 
 from runner import __version__
 from runner.backends.sandbox import Sandbox
-from runner.core.cassette import FORMAT_VERSION, CassetteWriter
+from runner.core.cassette import CassetteWriter
+from runner.core.cassette_header import CassetteHeader, Harness, ProtocolChoice, SandboxOptions
 from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode
 from runner.core.errors import InfraError
@@ -57,20 +58,17 @@ def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
     through the guest) change what the run asks of the model and the guest,
     so replay reads both from here; a header without them is level 0, off.
     """
-    out = {
-        "type": "header", "format": FORMAT_VERSION,
-        "harness": {"name": "rootbench", "version": __version__},
-        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "scenario": scenario_to_dict(scenario), "spec_hash": scenario.spec_hash,
-        "image": sandbox, "model": model.fingerprint(), "agent": model.agent.value,
-        "protocol": {"name": protocol.name, "reason": reason},
-        "options": {"accel": opts.accel, "transport": opts.transport}, "round": round_,
-        "hint_level": hint_level, "track_fix": opts.track_fix, "rules": int(CURRENT_RULES),
-    }
     seed = getattr(model, "seed", None)
-    if isinstance(seed, int):
-        out["seed"] = seed
-    return out
+    return CassetteHeader(
+        harness=Harness("rootbench", __version__),
+        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        scenario=scenario_to_dict(scenario), spec_hash=scenario.spec_hash,
+        image=sandbox, model=model.fingerprint(), agent=model.agent,
+        protocol=ProtocolChoice(protocol.name, reason),
+        options=SandboxOptions(opts.accel, opts.transport), round=round_,
+        hint_level=hint_level, track_fix=opts.track_fix, rules=CURRENT_RULES,
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+    ).to_event()
 
 
 def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,

@@ -23,7 +23,7 @@ from runner.core.errors import InvalidInput, ReplayMismatch
 from runner.core.outcomes import AgentKind, ReplayResult
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel, spec_change
-from runner.core.rules import Rules, rules_of
+from runner.core.rules import Rules
 from runner.core.spec import Scenario, scenario_from_dict
 from runner.core.text import one_line
 
@@ -60,9 +60,9 @@ class Replayable:
     cassette: Cassette
     scenario: Scenario
     protocol: Protocol
-    hint_level: int = 0  # the header's (absent: 0, as before hints existed)
-    track_fix: bool = False  # the header's (absent: off, as before fix tracking existed)
-    rules: Rules = Rules.V1  # the header's judging rules (absent: the first ones)
+    hint_level: int = 0  # the header's (cassette.head: absent in format 1 means 0)
+    track_fix: bool = False  # the header's (absent in format 1: off)
+    rules: Rules = Rules.V1  # the header's judging rules (absent in format 1: the first ones)
 
 
 def load_replayable(path: Path) -> Replayable:
@@ -71,29 +71,23 @@ def load_replayable(path: Path) -> Replayable:
     if cas.verdict is None:
         raise InvalidInput("the cassette is incomplete (no verdict): it was cut short",
                            path=str(path))
+    head = cas.head
     try:
-        scenario = scenario_from_dict(cas.header["scenario"])
-        protocol = get_protocol(cas.header.get("protocol", {}).get("name", "tools"))
+        scenario = scenario_from_dict(dict(head.scenario))
+        protocol = get_protocol(head.protocol.name)
     except InvalidInput as exc:  # raised without the file: name it, and the header's field
         raise InvalidInput(exc.detail, path=str(path), line=1,
                            field=f"header.{'scenario' if exc.field != '--protocol' else 'protocol'}"
                            ) from None
-    level = cas.header.get("hint_level", 0)
-    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= len(scenario.hints):
+    level = head.hint_level
+    if level > len(scenario.hints):
         raise InvalidInput(f"hint level {level!r} is not one the recorded scenario has "
                            f"({len(scenario.hints)} hint(s))", path=str(path), line=1,
                            field="header.hint_level")
-    track = cas.header.get("track_fix", False)
-    if not isinstance(track, bool):
-        raise InvalidInput(f"must be true or false, not {track!r}", path=str(path), line=1,
-                           field="header.track_fix")
-    try:
-        rules = rules_of(cas.header)
-    except ValueError as exc:
-        raise InvalidInput(str(exc), path=str(path), line=1, field="header.rules") from None
     _same_episode(cas, path)
     _clock_in_order(cas, path)
-    return Replayable(cas, scenario, protocol, hint_level=level, track_fix=track, rules=rules)
+    return Replayable(cas, scenario, protocol, hint_level=level, track_fix=head.track_fix,
+                      rules=head.rules)
 
 
 CLOCK_SLACK = 0.05  # seconds: readings are written rounded to the microsecond, times to the ms
@@ -201,9 +195,7 @@ def _same_episode(cas: Cassette, path: Path) -> None:
     a verdict line edited to another scenario, agent, model, protocol or round
     would otherwise replay "same" while saying something the run never did.
     """
-    header, verdict = cas.header, cas.verdict or {}
-    model = v if isinstance(v := header.get("model"), dict) else {}
-    protocol = v if isinstance(v := header.get("protocol"), dict) else {}
+    head, verdict = cas.head, cas.verdict or {}
 
     def agent(value: object) -> object:
         try:
@@ -212,11 +204,11 @@ def _same_episode(cas: Cassette, path: Path) -> None:
             return value
 
     expected = {
-        "scenario": (header["scenario"].get("id"), lambda v: v),
-        "agent": (AgentKind.from_fingerprint(model.get("kind")), agent),
-        "model": (model.get("name"), lambda v: v),
-        "protocol": (protocol.get("name", "tools"), lambda v: v),
-        "round": (header.get("round", 0), lambda v: v),
+        "scenario": (head.scenario.get("id"), lambda v: v),
+        "agent": (head.model_kind, agent),
+        "model": (head.model_name, lambda v: v),
+        "protocol": (head.protocol.name, lambda v: v),
+        "round": (head.round, lambda v: v),
     }
     for key, (want, norm) in expected.items():
         if key in verdict and want is not None and norm(verdict[key]) != want:
@@ -350,7 +342,7 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
     recorded clock); they are never compared with the recording's.
     """
     cas, scenario = rep.cassette, rep.scenario
-    round_ = int(cas.header.get("round", 0))
+    round_ = cas.head.round
     if offline:
         assert guest is not None and clock is not None
         return run_episode(scenario, guest, model, rep.protocol, clock, None, round_=round_,

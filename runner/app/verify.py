@@ -263,7 +263,7 @@ def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> Shortcu
         rep = load_replayable(path)
     except InvalidInput as exc:
         return unproven(f"its recording is unreadable: {one_line(str(exc), 200)}")
-    if rep.cassette.header.get("spec_hash") != scenario.spec_hash:
+    if rep.cassette.head.spec_hash != scenario.spec_hash:
         return unproven(f"{path} was recorded against another version of the spec: record it "
                         "again with `rootbench verify`")
     t0 = time.monotonic()

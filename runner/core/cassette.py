@@ -26,6 +26,7 @@ from typing import IO, Any
 import jsonschema
 
 from runner.core import layout
+from runner.core.cassette_header import CassetteHeader, check_format, read_header
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
 from runner.core.paths import schema_path
@@ -36,7 +37,6 @@ try:  # compiled (Rust) validation of the same schema; jsonschema still describe
 except ImportError:  # a platform without its wheel: the pure-Python validator alone, slower
     jsonschema_rs = None
 
-FORMAT_VERSION = 1
 MAX_CASSETTE_BYTES = 64 * 1024 * 1024  # the longest committed cassette is well under 1 MiB
 
 # Environment variables whose values must never reach a cassette or a result.
@@ -158,12 +158,13 @@ class Cassette:
         self.events = events
         # The file's line of each event (blank lines are skipped), to name it in messages.
         self.lines = lines if lines is not None else list(range(1, len(events) + 1))
+        # The header line as recorded: what a digest of the header is taken of. Read its
+        # fields from ``head``, never from here: absent fields mean different things in
+        # different formats, and only read_header knows which.
         self.header: dict[str, Any] = events[0] if events and events[0].get("type") == "header" else {}
         if not self.header:
             raise InvalidInput("not a rootbench cassette (no header line)", path=str(path))
-        if self.header.get("format") != FORMAT_VERSION:
-            raise InvalidInput(f"cassette format {self.header.get('format')!r} is not "
-                               f"{FORMAT_VERSION}", path=str(path), field="header.format")
+        self.head: CassetteHeader = read_header(self.header, str(path), self.lines[0])
         self.verdict: dict[str, Any] | None = next(
             (e for e in reversed(events) if e.get("type") == "verdict"), None)
 
@@ -281,6 +282,8 @@ def _parse_event(line: str, where: str, lineno: int) -> dict[str, Any]:
     if not isinstance(event, dict):
         kind = "list" if isinstance(event, list) else type(event).__name__
         raise InvalidInput(f"an event is a JSON object, not a {kind}", path=where, line=lineno)
+    if event.get("type") == "header":  # a format this code does not know: that, not its fields
+        check_format(event, where, lineno)
     fast = _fast_verdict(event)
     if fast:
         return event

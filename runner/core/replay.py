@@ -27,7 +27,6 @@ from runner.core.errors import (
 )
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.model import ChatRequest, Model, ModelReply
-from runner.core.outcomes import AgentKind
 from runner.core.spec import default_specs, parse_yaml, read_text, spec_files
 
 
@@ -100,10 +99,9 @@ class ReplayModel(Model):
         self._decisions = _Stream(cassette.stream("decision"), "decision",
                                   lambda e: f"{e.get('action')} in turn {e.get('turn')}")
         self._check_decisions = bool(cassette.stream("decision"))
-        fp = cassette.header.get("model", {})
-        self._fingerprint = fp
-        self.name = str(fp.get("name", "replay"))
-        self.agent = AgentKind.from_fingerprint(fp.get("kind"))
+        self._fingerprint = dict(cassette.head.model)
+        self.name = cassette.head.model_name or "replay"
+        self.agent = cassette.head.model_kind
         self.turn = 0
         self.mismatches: list[str] = []
 
@@ -272,11 +270,10 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
     reason says so. A cassette whose header records no ``spec_hash`` was not
     made from a spec file, and has nothing to compare.
     """
-    scenario = cassette.header.get("scenario") or {}
-    recorded = cassette.header.get("spec_hash") or scenario.get("spec_hash")
+    recorded = cassette.head.spec_hash  # format 1 without one: the scenario's, as read_header says
     if not recorded:
         return None
-    scenario_id = str(scenario.get("id", ""))
+    scenario_id = cassette.head.scenario_id
     dirs = list(specs_dirs) if specs_dirs is not None else default_specs()
     beside = Path(cassette.path).parent
     spec = _spec_by_id(scenario_id, [*dirs, beside])

@@ -6,7 +6,8 @@ broke now fails the run instead of flagging it; a probe reads /proc instead
 of trusting the guest's ``ss``), an old cassette, replayed under today's
 rules, would either diverge (the new rules ask the guest other questions)
 or be judged by rules it was never run under. So each cassette header
-records ``rules``; replay judges by the recorded rules, and code that
+records ``rules`` (read by :func:`runner.core.cassette_header.read_header`; absent in an
+older cassette means :attr:`Rules.V1`); replay judges by the recorded rules, and code that
 changes judging keys its new behaviour to :data:`CURRENT_RULES`, keeping the
 old behaviour for older recordings. What a recorded run would get under
 today's rules is a separate question, answered by re-running it, never by
@@ -16,7 +17,6 @@ quietly re-judging it.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
 
 
 class Rules(IntEnum):
@@ -31,19 +31,3 @@ class Rules(IntEnum):
 
 
 CURRENT_RULES = Rules.V2
-
-
-def rules_of(header: dict[str, Any]) -> Rules:
-    """The rules a cassette header says its run was judged by (absent: :attr:`Rules.V1`).
-
-    A value this code does not know is ValueError: such a cassette was made
-    by a newer rootbench and cannot be judged the same way here.
-    """
-    raw = header.get("rules", Rules.V1.value)
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise ValueError(f"must be a whole number, not {raw!r}")
-    try:
-        return Rules(raw)
-    except ValueError:
-        known = ", ".join(str(r.value) for r in Rules)
-        raise ValueError(f"rules {raw} are unknown to this rootbench (it knows {known})") from None
