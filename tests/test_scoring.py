@@ -29,6 +29,7 @@ from runner.app.report import GRADED_COLUMNS, render_table
 from runner.app.stats import assists
 from runner.core import layout
 from runner.core.cassette import Cassette, CassetteWriter
+from runner.core.cassette_header import FORMAT_VERSION
 from runner.core.clock import Clock
 from runner.core.episode import (
     GRADED_FIELDS,
@@ -289,6 +290,19 @@ def test_replay_follows_the_header(tmp_path: Path, track_fix: bool, hint_level: 
         assert getattr(out.episode, key) == getattr(ep, key), key
 
 
+def test_a_cassette_recorded_now_is_format_2_with_every_field(tmp_path: Path) -> None:
+    cassette = tmp_path / "now.jsonl"
+    _run(tmp_path, ["touch a", "touch b"], record=cassette, hint_level=2, track_fix=True)
+    raw = json.loads(cassette.read_text().splitlines()[0])
+    assert raw["format"] == FORMAT_VERSION == 2
+    head = Cassette.load(cassette).head
+    assert (head.format, head.hint_level, head.track_fix, head.rules) == (2, 2, True,
+                                                                          CURRENT_RULES)
+    assert head.harness.name == "rootbench" and head.agent is AgentKind.ORACLE
+    assert head.protocol.name == "tools" and head.started_at and head.spec_hash
+    assert replay_one(cassette, offline=True).same
+
+
 def test_a_header_without_the_new_fields_replays_with_level_0_and_no_tracking(
         tmp_path: Path) -> None:
     cassette = tmp_path / "flags.jsonl"
@@ -296,6 +310,7 @@ def test_a_header_without_the_new_fields_replays_with_level_0_and_no_tracking(
     lines = cassette.read_text().splitlines()
     head = json.loads(lines[0])
     del head["track_fix"], head["hint_level"]
+    head["format"] = 1  # a header from before the fields existed (format 2 requires them)
     cassette.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     out = replay_one(cassette, offline=True)
     assert out.same and out.episode is not None and out.episode.regressed is None
