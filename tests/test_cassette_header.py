@@ -149,3 +149,19 @@ def test_format_2_requires_what_format_1_could_lack(field: str, tmp_path: Path) 
     assert info.value.field == f"header.{field}"
     # The same header as format 1 means what it meant then.
     assert read_header({**raw, "format": 1}, "x.jsonl").format == 1
+
+
+def test_every_committed_header_reads_and_upgrades_without_loss() -> None:
+    paths = sorted((ROOT / "recordings").rglob("*.jsonl"))
+    assert len(paths) > 100
+    for path in paths:
+        raw = _first_line(path)
+        head = read_header(raw, str(path))
+        assert head.format == raw["format"] == 1, path  # committed cassettes are never rewritten
+        upgraded = read_header(head.to_event(), str(path))
+        assert {**vars(upgraded), "format": 1} == vars(head), path
+        for key in ("hint_level", "track_fix", "round", "seed", "started_at", "spec_hash"):
+            if key in raw:
+                assert getattr(head, key) == raw[key], (path, key)
+        if "rules" in raw:
+            assert int(head.rules) == raw["rules"], path
