@@ -150,6 +150,10 @@ class Cassette:
     Only :meth:`load` makes one from a file, and it validates every line
     against ``schema/cassette.schema.json`` and the order of the events, so
     code that replays a cassette may index its fields without guarding each.
+    :attr:`head` is the header typed, of whatever format the file has, with
+    the fields an older format lacks filled in
+    (:func:`~runner.core.cassette_header.read_header`); :attr:`header` is
+    the line as recorded, for what must see it unchanged (a digest of it).
     """
 
     def __init__(self, path: Path, events: list[dict[str, Any]],
