@@ -263,8 +263,16 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     oracles = len(list(ORACLE.glob("*.jsonl")))
     for seen in ("oracle · tools", "qwen2.5-coder-1.5b · json", f"{oracles} pass", "3 fail",
                  "rogue-port-80", "permission-403", "nginx-config-syntax", "cron-undoes-fix",
-                 "fingerprint: model_sha256", "temperature=0, seed=0, max_tokens=512", "tcg"):
+                 "temperature=0, seed=0, max_tokens=512", "tcg", "pass@1 [95% CI]",
+                 "first tries: no difference shown"):
         assert seen in body, seen
+    # The fingerprint (ports, hashes) is folded below what ran; it opens.
+    fingerprint = driver.find_element(
+        By.XPATH, "//details[summary[starts-with(., 'model fingerprint')]][.//th[. = 'model_sha256']]")
+    sha = fingerprint.find_element(By.XPATH, ".//th[. = 'model_sha256']")
+    assert not sha.is_displayed()
+    fingerprint.find_element(By.TAG_NAME, "summary").click()
+    assert sha.is_displayed()
     assert len(driver.find_elements(By.CSS_SELECTOR, "img[alt]")) == 3  # the three plots
 
     # 20 episodes: every trajectory starts folded; open the oracle's rogue-port-80.
@@ -390,3 +398,49 @@ def test_hostile_cassette_text_stays_text_in_chromium(
     time.sleep(0.3)
     assert driver.title == "rootbench: qwen2.5-coder-1.5b · json"
     assert not [e for e in driver.get_log("browser") if "PWNED" in e["message"]]
+
+
+# --- at a glance ------------------------------------------------------------------------------------
+
+ARCHIVE = RECORDINGS / "archive" / "2026-12-04-before-validity"
+
+
+def test_two_runs_side_by_side_show_statistics_and_compares_verdict_at_the_top(tmp_path: Path) -> None:
+    from runner.app.compare import compare_runs, verdict_lines
+    from runner.app.report import statistics_rows
+    from runner.app.runs import episodes_from_recordings
+
+    a, b = ARCHIVE / "qwen2.5-coder-1.5b-json", ARCHIVE / "qwen2.5-coder-0.5b-json"
+    runs = html_report.runs_from_cassettes([*sorted(a.glob("*.jsonl")), *sorted(b.glob("*.jsonl"))])
+    page = html_report.render(runs)
+    glance = page[page.index('id="glance"'):page.index('id="overview"')]
+    # compare's very words, the models named, above each run's statistics
+    for line in verdict_lines(compare_runs([a, b])[0]):
+        assert str(markupsafe.escape(line)) in glance, line
+    assert "qwen2.5-coder-1.5b (json) solves more rounds" in glance
+    # each run's overall row: the terminal table's strings (pass@1 with its interval, solved, assist)
+    overall = statistics_rows(episodes_from_recordings(a)[0])[1][-1]
+    assert overall[0] == "overall" and "9/15" in overall
+    assert "".join(f'<td class="num">{v}</td>' for v in overall[1:]) in glance
+    # the fingerprint (ports, hashes) comes after, folded
+    assert page.index("model fingerprint (") > page.index('id="overview"')
+    assert "<summary>model fingerprint (" in page and "endpoint" not in glance
+
+    # numbers and words as a person reads them; the fix marked at its turn; each title its level
+    assert "score: 0.33<" in page and "0.333333" not in page
+    assert " 1 turns" not in page and " 1 turn ·" in page
+    assert 'class="turn fixed"' in page and "the fix landed" in page
+    assert "cron-stopped · round 1 · hint level 0 ·" in page
+    assert "hint level 2 · qwen2.5-coder-1.5b · json" in page
+
+
+def test_why_is_cut_at_a_word_boundary_and_counts_are_plural() -> None:
+    from runner.app.html_report.fields import brief, plural
+
+    why = "the collector runs: collector failed " * 10
+    cut = brief(why, 60)
+    assert len(cut) <= 60 and cut.endswith("…") and why.startswith(cut[:-1])
+    assert not why[len(cut) - 1].isalnum()  # the next character ends a word: none cut in two
+    assert brief("short", 60) == "short"
+    assert brief("x" * 100, 10) == "x" * 9 + "…"  # no boundary at all: cut, still marked
+    assert (plural(1, "turn"), plural(2, "turn"), plural(0, "turn")) == ("1 turn", "2 turns", "0 turns")
