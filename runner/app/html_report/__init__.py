@@ -24,7 +24,9 @@ names below are the package's public surface; callers import them from here.
 from runner.app.html_report.fields import text
 from runner.app.html_report.render import (
     MAX_SHOWN_CHARS,
+    REFRESH_SECONDS,
     REPORT_NAME,
+    Refresher,
     refresh,
     render,
     write,
@@ -43,7 +45,7 @@ from runner.app.html_report.view import (
 )
 
 __all__ = [
-    "MAX_SHOWN_CHARS", "OPTIONAL_COLUMNS", "REPORT_NAME", "Command", "EpisodeView", "RunView",
+    "MAX_SHOWN_CHARS", "OPTIONAL_COLUMNS", "REFRESH_SECONDS", "REPORT_NAME", "Refresher", "Command", "EpisodeView", "RunView",
     "SetupStep", "Trajectory", "Turn", "agent_kind", "load_run_arms", "load_run_dir",
     "load_trajectory", "refresh", "render", "runs_from_cassettes", "text", "write",
     "write_cassette_report", "write_run_report",

@@ -26,7 +26,7 @@ from runner.app.html_report.fields import as_dict, as_list, brief, integer, num,
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
 from runner.app.report import GRADED_COLUMNS, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
-from runner.app.stats import compare, deciding, verdict_counts
+from runner.app.stats import compare, deciding, score_of, verdict_counts
 from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
@@ -44,6 +44,9 @@ class EpisodeView:
     problem: str = ""  # why there is no trajectory
     anchor: str = ""
     result: Episode | None = None  # ``data`` read as an Episode (None: it is not one, e.g. cut short)
+    # What the page's filter and sort read (data-* attributes): numbers and fixed words only,
+    # never text from a file (see :func:`_facets`).
+    facets: dict[str, str] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
@@ -411,6 +414,7 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
     for i, run in enumerate(runs):
         for j, ep in enumerate(run.episodes):
             ep.anchor = f"run{i}-ep{j}"
+    filters = _facets(runs)
     optional = _optional_columns(runs)
     views = []
     for run in runs:
@@ -424,7 +428,7 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
             "episodes": run.episodes,
         })
     return {"runs": views, "optional": [t for _k, t in optional], "heatmap": _heatmap(runs),
-            "verdicts": verdicts(runs),
+            "verdicts": verdicts(runs), "filters": filters,
             "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields,
             "fixed_turn": fixed_turn}
 
@@ -476,3 +480,32 @@ def fixed_turn(ep: EpisodeView) -> int | None:
     """The turn whose command the success probes first all passed after (``fixed_at``), if any."""
     turn = num(as_dict(ep.get("fixed_at")).get("turn"))
     return int(turn) if turn is not None else None
+
+
+
+# Verdicts as the filter names them: a fixed list, so no text of a file reaches an attribute.
+FILTER_VERDICTS = (*(v.value for v in Verdict), "incomplete")
+
+
+def _facets(runs: Sequence[RunView]) -> dict[str, Any]:
+    """Give each episode the facets the page's filter and sort read, and return the choices the
+    filter offers: scenarios, tags (flags), runs and hint levels, each shown as text and keyed
+    by its index (an attribute only ever holds a number or a word of :data:`FILTER_VERDICTS`)."""
+    scenarios = list(dict.fromkeys(ep.scenario for run in runs for ep in run.episodes))
+    tags = sorted({f for run in runs for ep in run.episodes for f in ep.flags if f})
+    levels = sorted({ep.hint_level for run in runs for ep in run.episodes})
+    s_index, t_index = {s: i for i, s in enumerate(scenarios)}, {t: i for i, t in enumerate(tags)}
+    present: set[str] = set()
+    for r, run in enumerate(runs):
+        for i, ep in enumerate(run.episodes):
+            verdict = ep.verdict if ep.verdict in FILTER_VERDICTS else "incomplete"
+            present.add(verdict)
+            score = score_of(ep.result) if ep.result is not None else None
+            ep.facets = {"verdict": verdict, "scenario": str(s_index[ep.scenario]), "run": str(r),
+                         "level": str(ep.hint_level), "i": str(i),
+                         "tags": " ".join(str(t_index[f]) for f in ep.flags if f in t_index),
+                         "score": f"{score:.6f}" if score is not None else "-1",
+                         "seconds": f"{ep.seconds:.3f}", "turns": str(ep.turns)}
+    return {"verdicts": [v for v in FILTER_VERDICTS if v in present],
+            "scenarios": list(enumerate(scenarios)), "tags": list(enumerate(tags)),
+            "runs": [(i, run.label) for i, run in enumerate(runs)], "levels": levels}
