@@ -490,7 +490,9 @@ def test_two_runs_side_by_side_show_statistics_and_compares_verdict_at_the_top(t
     # each run's overall row: the terminal table's strings (pass@1 with its interval, solved, assist)
     overall = statistics_rows(episodes_from_recordings(a)[0])[1][-1]
     assert overall[0] == "overall" and "9/15" in overall
-    assert "".join(f'<td class="num">{v}</td>' for v in overall[1:]) in glance
+    headers = statistics_rows(episodes_from_recordings(a)[0])[0]
+    assert "".join(f"<tr><th>{markupsafe.escape(h)}</th><td>{v}</td></tr>\n"
+                   for h, v in zip(headers[1:], overall[1:], strict=True)) in glance
     # the fingerprint (ports, hashes) comes after, folded
     assert page.index("model fingerprint (") > page.index('id="overview"')
     assert "<summary>model fingerprint (" in page and "endpoint" not in glance

@@ -449,7 +449,8 @@ def statistics(run: RunView) -> dict[str, Any] | None:
     if not results:
         return None
     headers, rows = statistics_rows(results)
-    return {"headers": headers, "rows": rows[:-1], "overall": rows[-1]}
+    return {"headers": headers, "rows": rows[:-1], "overall": list(zip(headers[1:], rows[-1][1:],
+                                                                       strict=True))}
 
 
 def verdicts(runs: Sequence[RunView]) -> list[dict[str, Any]]:
