@@ -1,5 +1,6 @@
-"""The report's plots: pass rate per scenario (with its Wilson interval), seconds and tokens per
-turn, prompt processing against generation time.
+"""The report's plots: pass rate of first tries per scenario (with its Wilson interval), seconds
+and tokens per turn (every episode), prompt processing against generation time (every timed
+episode, a mean bar per scenario and run). Each says what it counts.
 
 Each is an SVG drawn by matplotlib (the optional ``report`` extra: without
 it the report says so and has no plots) and shown as ``<img
@@ -126,7 +127,8 @@ def plots(runs: Sequence[RunView]) -> list[Plot] | None:
             if len(runs) > 1:
                 ax_s.legend(fontsize=6)
             fig.tight_layout()
-            out.append(Plot("Seconds and tokens per turn", "mean seconds and tokens at each turn",
+            out.append(Plot("Seconds and tokens per turn: the mean over every episode (all hint "
+                            "levels) that reached that turn", "mean seconds and tokens at each turn",
                             _svg_uri(fig)))
 
         timed = [(i, ep) for i, run in enumerate(runs) for ep in run.episodes
