@@ -26,6 +26,7 @@ from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.cli import main
 from runner.app.episodes import RunOptions
+from runner.app.html_report.render import script, script_hash
 from runner.app.runs import write_results
 from runner.core import layout
 from runner.core.cassette import Cassette, RecordMode
@@ -73,7 +74,8 @@ def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_i
                   record_to=record, record_mode=RecordMode.ONCE)
     page = (run_dir / "report.html").read_text()
     assert "rogue-port-80" in page and "permission-403" not in page
-    assert f"report (rewritten after each scenario): {run_dir / 'report.html'}" in caplog.text
+    assert f"report (refreshed at most every 10 s, and at the end): {run_dir / 'report.html'}" \
+        in caplog.text
 
     caplog.clear()
     with caplog.at_level("INFO", logger="rootbench.bench"):
@@ -233,11 +235,32 @@ def _load(driver, path: Path) -> list[dict[str, Any]]:  # type: ignore[no-untype
     return driver.get_log("browser")
 
 
+def _filter(driver, field: str, choice: str) -> None:  # type: ignore[no-untyped-def]
+    """Choose ``choice`` (as shown) in the filter bar's ``field``."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, field)).select_by_visible_text(choice)
+
+
+def _shown_episodes(driver) -> list[Any]:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    return [e for e in driver.find_elements(By.CSS_SELECTOR, "details.episode") if e.is_displayed()]
+
+
+def _shown(driver) -> int:  # type: ignore[no-untyped-def]
+    return len(_shown_episodes(driver))
+
+
 def _only_local(driver) -> None:  # type: ignore[no-untyped-def]
     """Nothing on the page points off the page: no scripts, stylesheets or remote images."""
     from selenium.webdriver.common.by import By
 
-    assert driver.find_elements(By.TAG_NAME, "script") == []
+    # One script, the report's own: the policy allows it by the hash of its text, nothing else.
+    scripts = driver.find_elements(By.TAG_NAME, "script")
+    assert len(scripts) == 1 and scripts[0].get_dom_attribute("src") is None
+    assert driver.execute_script("return arguments[0].text", scripts[0]) == script()
     assert driver.find_elements(By.CSS_SELECTOR, "link, iframe, object, embed, base, form") == []
     for img in driver.find_elements(By.TAG_NAME, "img"):
         assert img.get_dom_attribute("src").startswith("data:image/svg+xml;base64,")
@@ -245,7 +268,10 @@ def _only_local(driver) -> None:  # type: ignore[no-untyped-def]
         assert a.get_dom_attribute("href").startswith("#run"), a.get_dom_attribute("href")
     csp = driver.find_element(By.CSS_SELECTOR, 'meta[http-equiv="Content-Security-Policy"]')
     policy = csp.get_dom_attribute("content")
-    assert "default-src 'none'" in policy and "script" not in policy
+    assert "default-src 'none'" in policy
+    allowed = policy.split("script-src ")[1].split(";")[0]
+    assert allowed == script_hash(script()) and "unsafe" not in allowed
+    assert policy.count("script-src") == 1
 
 
 @pytest.mark.browser
@@ -263,8 +289,16 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     oracles = len(list(ORACLE.glob("*.jsonl")))
     for seen in ("oracle · tools", "qwen2.5-coder-1.5b · json", f"{oracles} pass", "3 fail",
                  "rogue-port-80", "permission-403", "nginx-config-syntax", "cron-undoes-fix",
-                 "fingerprint: model_sha256", "temperature=0, seed=0, max_tokens=512", "tcg"):
+                 "temperature=0, seed=0, max_tokens=512", "tcg", "pass@1 [95% CI]",
+                 "first tries: no difference shown"):
         assert seen in body, seen
+    # The fingerprint (ports, hashes) is folded below what ran; it opens.
+    fingerprint = driver.find_element(
+        By.XPATH, "//details[summary[starts-with(., 'model fingerprint')]][.//th[. = 'model_sha256']]")
+    sha = fingerprint.find_element(By.XPATH, ".//th[. = 'model_sha256']")
+    assert not sha.is_displayed()
+    fingerprint.find_element(By.TAG_NAME, "summary").click()
+    assert sha.is_displayed()
     assert len(driver.find_elements(By.CSS_SELECTOR, "img[alt]")) == 3  # the three plots
 
     # 20 episodes: every trajectory starts folded; open the oracle's rogue-port-80.
@@ -286,6 +320,24 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     assert not prompt.is_displayed()
     fold.find_element(By.TAG_NAME, "summary").click()
     assert prompt.is_displayed() and "experienced Linux system administrator" in prompt.text
+
+    # Filter and sort (the page's one script): the three failures, then none of the oracle's.
+    _filter(driver, "f-verdict", "fail")
+    assert _shown(driver) == 3 and all("Verdict: fail" in e.get_attribute("textContent")
+                                       for e in _shown_episodes(driver))
+    assert driver.find_element(By.ID, "f-count").text == f"showing 3 of {oracles + 3} episodes"
+    assert len([r for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-ep]") if r.is_displayed()]) == 3
+    _filter(driver, "f-run", "oracle · tools")
+    assert _shown(driver) == 0
+    driver.find_element(By.ID, "f-reset").click()
+    assert _shown(driver) == oracles + 3
+    _filter(driver, "f-sort", "turns, most first")
+    for group in driver.find_elements(By.CSS_SELECTOR, "div.episodes"):  # each run sorted in place
+        turns = [int(e.get_dom_attribute("data-turns"))
+                 for e in group.find_elements(By.CSS_SELECTOR, "details.episode")]
+        assert turns == sorted(turns, reverse=True) and turns[0] > turns[-1], turns
+    driver.find_element(By.ID, "f-search").send_keys("fuser -k 80/tcp")
+    assert _shown(driver) == 1 and "rogue-port-80" in _shown_episodes(driver)[0].text
 
     shot = tmp_path / "report.png"
     assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -390,3 +442,112 @@ def test_hostile_cassette_text_stays_text_in_chromium(
     time.sleep(0.3)
     assert driver.title == "rootbench: qwen2.5-coder-1.5b · json"
     assert not [e for e in driver.get_log("browser") if "PWNED" in e["message"]]
+
+    # The filter reads hostile text and shows it, never runs it: the hostile and the benign
+    # episode in one page, found by a word of the payload, by a tag, and sorted.
+    both = _report(capsys, str(tmp_path / "benign.jsonl"), str(tmp_path / "hostile.jsonl"),
+                   "--out", str(tmp_path / "both.html"))
+    logs = _load(driver, both)
+    assert _shown(driver) == 2
+    driver.find_element(By.ID, "f-search").send_keys("onerror=")
+    assert _shown(driver) == 1 and PAYLOADS["img"] in _shown_episodes(driver)[0].text
+    driver.find_element(By.ID, "f-reset").click()
+    _filter(driver, "f-tag", "unsafe")  # both are flagged so
+    assert _shown(driver) == 2
+    driver.find_element(By.ID, "f-search").send_keys("harmless img text")  # the benign one's
+    assert _shown(driver) == 1 and driver.find_element(By.ID, "f-count").text == "showing 1 of 2 episodes"
+    assert PAYLOADS["img"] not in _shown_episodes(driver)[0].text
+    driver.find_element(By.ID, "f-reset").click()
+    _filter(driver, "f-sort", "time, shortest first")
+    assert _shown(driver) == 2
+    time.sleep(0.3)
+    assert driver.title == "rootbench: qwen2.5-coder-1.5b · json"
+    assert driver.find_elements(By.ID, "pwnlink") == []
+    _only_local(driver)
+    later = driver.get_log("browser")
+    assert [e for e in [*logs, *later] if e["level"] in ("SEVERE", "WARNING")] == []  # no CSP refusal
+    assert not [e for e in [*logs, *later] if "PWNED" in e["message"]]
+
+
+# --- at a glance ------------------------------------------------------------------------------------
+
+ARCHIVE = RECORDINGS / "archive" / "2026-12-04-before-validity"
+
+
+def test_two_runs_side_by_side_show_statistics_and_compares_verdict_at_the_top(tmp_path: Path) -> None:
+    from runner.app.compare import compare_runs, verdict_lines
+    from runner.app.report import statistics_rows
+    from runner.app.runs import episodes_from_recordings
+
+    a, b = ARCHIVE / "qwen2.5-coder-1.5b-json", ARCHIVE / "qwen2.5-coder-0.5b-json"
+    runs = html_report.runs_from_cassettes([*sorted(a.glob("*.jsonl")), *sorted(b.glob("*.jsonl"))])
+    page = html_report.render(runs)
+    glance = page[page.index('id="glance"'):page.index('id="overview"')]
+    # compare's very words, the models named, above each run's statistics
+    for line in verdict_lines(compare_runs([a, b])[0]):
+        assert str(markupsafe.escape(line)) in glance, line
+    assert "qwen2.5-coder-1.5b (json) solves more rounds" in glance
+    # each run's overall row: the terminal table's strings (pass@1 with its interval, solved, assist)
+    overall = statistics_rows(episodes_from_recordings(a)[0])[1][-1]
+    assert overall[0] == "overall" and "9/15" in overall
+    headers = statistics_rows(episodes_from_recordings(a)[0])[0]
+    assert "".join(f"<tr><th>{markupsafe.escape(h)}</th><td>{v}</td></tr>\n"
+                   for h, v in zip(headers[1:], overall[1:], strict=True)) in glance
+    # the fingerprint (ports, hashes) comes after, folded
+    assert page.index("model fingerprint (") > page.index('id="overview"')
+    assert "<summary>model fingerprint (" in page and "endpoint" not in glance
+
+    # numbers and words as a person reads them; the fix marked at its turn; each title its level
+    assert "score: 0.33<" in page and "score: 0.333333" not in page
+    assert " 1 turns" not in page and " 1 turn ·" in page
+    assert 'class="turn fixed"' in page and "the fix landed" in page
+    assert "cron-stopped · round 1 · hint level 0 ·" in page
+    assert "hint level 2 · qwen2.5-coder-1.5b · json" in page
+
+
+def test_why_is_cut_at_a_word_boundary_and_counts_are_plural() -> None:
+    from runner.app.html_report.fields import brief, plural
+
+    why = "the collector runs: collector failed " * 10
+    cut = brief(why, 60)
+    assert len(cut) <= 60 and cut.endswith("…") and why.startswith(cut[:-1])
+    assert not why[len(cut) - 1].isalnum()  # the next character ends a word: none cut in two
+    assert brief("short", 60) == "short"
+    assert brief("x" * 100, 10) == "x" * 9 + "…"  # no boundary at all: cut, still marked
+    assert (plural(1, "turn"), plural(2, "turn"), plural(0, "turn")) == ("1 turn", "2 turns", "0 turns")
+
+
+def test_a_bench_report_is_refreshed_at_most_every_n_seconds_and_always_at_the_end(
+        tmp_path: Path) -> None:
+    import logging
+
+    source = ORACLE / "rogue-port-80.jsonl"
+    ep = Episode.from_dict(Cassette.load(source).verdict or {})
+    target = layout.cassette_path(tmp_path, ep.scenario, ep.round, ep.hint_level)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    write_results(tmp_path, {}, [ep])
+    now = [100.0]
+    report = html_report.Refresher(tmp_path, logging.getLogger("test"), every=10.0,
+                                   clock=lambda: now[0])
+    page = tmp_path / html_report.REPORT_NAME
+
+    def written() -> int:
+        return page.stat().st_mtime_ns if page.exists() else 0
+
+    assert report.flush() is None and not page.exists()  # nothing ended yet: nothing to write
+    assert report.done() == page and report.writes == 1  # the first episode: at once
+    first = written()
+    for t in (101.0, 105.0, 109.9):  # episodes within 10 s of that write: none rewrites it
+        now[0] = t
+        assert report.done() is None
+    assert report.writes == 1 and written() == first
+    now[0] = 110.0
+    assert report.done() == page and report.writes == 2  # 10 s on: rewritten
+    now[0] = 111.0
+    assert report.done() is None and report.pending
+    assert report.flush() == page and report.writes == 3 and not report.pending  # stopped early
+    assert report.flush() is None and report.writes == 3  # nothing new since
+    now[0] = 112.0
+    assert report.final() == page and report.writes == 4  # the end: always
+    assert "rogue-port-80" in page.read_text(encoding="utf-8")

@@ -210,35 +210,40 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
     for a in arms:
         if a.choice not in models:
             models.append(a.choice)
-    first_report = True
-    for model in models:
-        group = [a for a in arms if a.choice == model]
-        needed = live(group)
-        # Scripted agents start nothing; a model server only when some step must run live.
-        scripted = model.kind is not AgentKind.MODEL
-        serve = model if needed or scripted else dataclasses.replace(model, kind=AgentKind.NOOP)
-        with signals_raise(), executor.provider(serve, run_dir,
-                                                log_label=slug(model.label()) if len(models) > 1
-                                                else None) as provider, executor.cancelling():
-            protocols = {a.label: provider.protocol(a.protocol) for a in group}
-            if needed:
-                for a in group:
-                    log.info("%sprotocol %s: %s", f"{a.label}: " if a.label else "",
-                             protocols[a.label][0].name, protocols[a.label][1])
-            for attempt in range(retry_infra + 1):
-                runs = todo(group, attempt)
-                if attempt > 0 and not runs:
-                    break
-                if attempt > 0:
-                    log.info("retrying %d infra-error run(s), try %d", len(runs), attempt)
-                first_report = _drive(runs, attempt > 0 or resume, next_step, recorded, provider,
-                                      protocols, arm_opts, executor, run_dir, record_to, episodes,
-                                      lambda: write_results(run_dir, info, ordered()),
-                                      first_report)
+    # Refreshed at most every REFRESH_SECONDS during the bench (a full rewrite per episode
+    # costs quadratic time over a long bench), after the first episode, and always at the end.
+    report = html_report.Refresher(run_dir, log)
+    try:
+        for model in models:
+            group = [a for a in arms if a.choice == model]
+            needed = live(group)
+            # Scripted agents start nothing; a model server only when some step must run live.
+            scripted = model.kind is not AgentKind.MODEL
+            serve = model if needed or scripted else dataclasses.replace(model, kind=AgentKind.NOOP)
+            with signals_raise(), executor.provider(serve, run_dir,
+                                                    log_label=slug(model.label()) if len(models) > 1
+                                                    else None) as provider, executor.cancelling():
+                protocols = {a.label: provider.protocol(a.protocol) for a in group}
+                if needed:
+                    for a in group:
+                        log.info("%sprotocol %s: %s", f"{a.label}: " if a.label else "",
+                                 protocols[a.label][0].name, protocols[a.label][1])
+                for attempt in range(retry_infra + 1):
+                    runs = todo(group, attempt)
+                    if attempt > 0 and not runs:
+                        break
+                    if attempt > 0:
+                        log.info("retrying %d infra-error run(s), try %d", len(runs), attempt)
+                    _drive(runs, attempt > 0 or resume, next_step, recorded, provider, protocols,
+                           arm_opts, executor, run_dir, record_to, episodes,
+                           lambda: write_results(run_dir, info, ordered()), report)
+    except BaseException:
+        report.flush()  # what ended since the last refresh: an interrupted bench has it all
+        raise
     write_results(run_dir, info, ordered())
-    report = html_report.refresh(run_dir, log)
-    if report is not None:
-        log.info("report: %s", report)
+    path = report.final()
+    if path is not None:
+        log.info("report: %s", path)
     return ordered()
 
 
@@ -402,13 +407,14 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
            recorded: Callable[[Arm, Scenario, int, int], Path | None], provider: ModelProvider,
            protocols: dict[str | None, tuple[Protocol, str]], arm_opts: dict[str | None, RunOptions],
            executor: Executor, run_dir: Path, record_to: Path | None,
-           episodes: dict[Key, Episode], save: Callable[[], None], first_report: bool) -> bool:
+           episodes: dict[Key, Episode], save: Callable[[], None],
+           report: html_report.Refresher) -> None:
     """Run ``runs`` (each a round's chain of hint levels) through ``executor``, keeping
     ``executor.slots`` episodes going, and record each episode here, in the driver, as it ends.
 
     Recorded steps (``--record-mode once``) are replayed here at once; a
-    ladder's next level is submitted when the level before it fails. Returns
-    whether the first report's path is still to be announced.
+    ladder's next level is submitted when the level before it fails; ``report`` is told of
+    each episode that ends (it rewrites the report when one is due).
     """
     pending = [(i, a, s, r) for i, (a, s, r) in enumerate(runs, 1)]
     in_flight: dict[Key, tuple[EpisodeJob, int, str, Arm, Scenario]] = {}
@@ -420,13 +426,12 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
                 + (f" (hint level {level})" if level else ""))
 
     def finish(key: Key, ep: Episode, replayed: bool, tag: str, a: Arm) -> None:
-        nonlocal first_report
         episodes[key] = ep
         save()
-        report = html_report.refresh(run_dir, log)
-        if report is not None and first_report:
-            log.info("report (rewritten after each scenario): %s", report)
-            first_report = False
+        first = report.writes == 0
+        path = report.done()
+        if path is not None and first:
+            log.info("report (refreshed at most every %g s, and at the end): %s", report.every, path)
         if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
             folder = layout.arm_folder(record_to, a.label)
             folder.mkdir(parents=True, exist_ok=True)
@@ -485,4 +490,3 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
         finish(key, ep, False, tag, a)
         if ep.verdict is not Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
             advance(i, a, s, job.round)  # the ladder's next level, if it climbs
-    return first_report

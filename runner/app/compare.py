@@ -75,12 +75,12 @@ def load_run(path: Path) -> Run:
     path = Path(path)
     if is_recordings(path):
         episodes, cut = episodes_from_recordings(path)
-        return Run(path=path, label=_label({}, episodes), episodes=episodes, cut_short=len(cut))
+        return Run(path=path, label=run_label({}, episodes), episodes=episodes, cut_short=len(cut))
     info, episodes = load_episodes(path)
-    return Run(path=path, label=_label(info, episodes), episodes=episodes)
+    return Run(path=path, label=run_label(info, episodes), episodes=episodes)
 
 
-def _label(info: dict[str, Any], episodes: list[Episode]) -> str:
+def run_label(info: dict[str, Any], episodes: Sequence[Episode]) -> str:
     """The model and protocol the episodes name (the cassette headers' and run.json's), else
     the agent (oracle, noop)."""
     agent = info.get("agent")
@@ -201,14 +201,24 @@ def _text(rc: RunComparison, fmt: str) -> str:
             lines.append(f"{run.cut_short} of {side}'s cassettes end before a verdict (cut short) "
                          "and are left out")
     lines.append("")
-    lines.append(f"first tries: {r.verdict(a, b)}")
+    lines += verdict_lines(rc)
+    return "\n".join(lines)
+
+
+def verdict_lines(rc: RunComparison) -> list[str]:
+    """The verdict naming the models, as ``rootbench compare`` ends with it: on the first tries,
+    and with hints on both sides, on the rounds solved at any level (the HTML report shows
+    these very lines)."""
+    r = rc.result
+    a, b = rc.names()
+    lines = [f"first tries: {r.verdict(a, b)}"]
     if r.solved_winner:
         better, worse = (a, b) if r.solved_winner == "a" else (b, a)
         lines.append(f"with hints: {better} solves more rounds than {worse} "
                      f"(p = {_p(r.solved_p or 0.0)})")
     elif r.solved_p is not None:
         lines.append("with hints: no difference shown in the rounds solved at any level")
-    return "\n".join(lines)
+    return lines
 
 
 def render_comparisons(comparisons: Sequence[RunComparison], fmt: str = "github") -> str:

@@ -152,9 +152,18 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     """Per scenario and overall: runs, pass@1 with its Wilson interval, pass@k for k = n,
     and the mean score with its bootstrap interval (the numbers of ``stats.summarize``); with
     hints, the rounds solved at any level and the mean assist (lowest passing level) of those."""
-    st = summarize(episodes)
     if fmt == "json":
-        return json.dumps(st.to_dict(), indent=2)
+        return json.dumps(summarize(episodes).to_dict(), indent=2)
+    headers, rows = statistics_rows(episodes)
+    # Figures are formatted already: tabulate must not turn "1.00" back into 1.
+    return tabulate(rows, headers=headers, tablefmt="github" if fmt == "github" else "plain",
+                    disable_numparse=True)
+
+
+def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[str]]]:
+    """The statistics table's headers and rows (the last row ``overall``), every figure already
+    text: the terminal's table and the HTML report's show the very same strings."""
+    st = summarize(episodes)
     ks = {s.k for s in st.scenarios if s.scored}
     common = next(iter(ks)) if len(ks) == 1 else None  # every scenario has n scored runs
 
@@ -185,9 +194,7 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
         for row, s in zip(rows, [*st.scenarios, o], strict=True):
             row += [f"{s.solved}/{s.scored}" if s.solved is not None else "-",
                     _ci(s.mean_assist, s.mean_assist_ci)]
-    # Figures are formatted already: tabulate must not turn "1.00" back into 1.
-    return tabulate(rows, headers=headers, tablefmt="github" if fmt == "github" else "plain",
-                    disable_numparse=True)
+    return headers, rows
 
 
 # The bench command (cli._bench) still prints the statistics under this name with --repeat.

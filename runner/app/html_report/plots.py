@@ -1,5 +1,6 @@
-"""The report's plots: pass rate per scenario (with its Wilson interval), seconds and tokens per
-turn, prompt processing against generation time.
+"""The report's plots: pass rate of first tries per scenario (with its Wilson interval), seconds
+and tokens per turn (every episode), prompt processing against generation time (every timed
+episode, a mean bar per scenario and run). Each says what it counts.
 
 Each is an SVG drawn by matplotlib (the optional ``report`` extra: without
 it the report says so and has no plots) and shown as ``<img
@@ -91,7 +92,8 @@ def plots(runs: Sequence[RunView]) -> list[Plot] | None:
                           + (", 95% Wilson interval" if any_interval else ""))
             if len(runs) > 1:
                 ax.legend(loc="lower right", fontsize=7)
-            out.append(Plot("Pass rate per scenario", "pass rate per scenario, one bar per run",
+            out.append(Plot("Pass rate per scenario, first tries",
+                            "pass rate of first tries per scenario, one bar per run",
                             _svg_uri(fig)))
 
         per_turn = [(run, [ep.trajectory for ep in run.episodes if ep.trajectory]) for run in runs]
@@ -125,27 +127,41 @@ def plots(runs: Sequence[RunView]) -> list[Plot] | None:
             if len(runs) > 1:
                 ax_s.legend(fontsize=6)
             fig.tight_layout()
-            out.append(Plot("Seconds and tokens per turn", "mean seconds and tokens at each turn",
+            out.append(Plot("Seconds and tokens per turn: the mean over every episode (all hint "
+                            "levels) that reached that turn", "mean seconds and tokens at each turn",
                             _svg_uri(fig)))
 
-        timed = [(run, ep) for run in runs for ep in run.episodes
-                 if (num(ep.get("prompt_ms")) or 0) + (num(ep.get("gen_ms")) or 0) > 0][:40]
+        timed = [(i, ep) for i, run in enumerate(runs) for ep in run.episodes
+                 if (num(ep.get("prompt_ms")) or 0) + (num(ep.get("gen_ms")) or 0) > 0]
         if timed:
-            fig = Figure(figsize=(7.5, 0.6 + 0.25 * len(timed)))
+            # Every timed episode counts: one bar per scenario and run, its mean over the
+            # episodes (all hint levels), so no run drops off the end of a long list.
+            groups: dict[tuple[int, str], list[Any]] = {}
+            for i, ep in timed:
+                groups.setdefault((i, ep.scenario), []).append(ep)
+            keys = sorted(groups, key=lambda k: (scenarios.index(k[1]) if k[1] in scenarios
+                                                 else len(scenarios), k[0]))
+            fig = Figure(figsize=(7.5, 0.8 + 0.22 * len(keys)))
             ax = fig.subplots()
-            labels = [(f"{run.label[:24]}: " if len(runs) > 1 else "")
-                      + f"{ep.scenario[:30]} r{ep.round + 1}" for run, ep in timed]
-            prompt = [(num(ep.get("prompt_ms")) or 0.0) / 1000 for _run, ep in timed]
-            gen = [(num(ep.get("gen_ms")) or 0.0) / 1000 for _run, ep in timed]
-            ys = list(range(len(timed)))
+            labels = [(f"{runs[i].label[:24]}: " if len(runs) > 1 else "")
+                      + f"{s[:30]} ({len(groups[(i, s)])})" for i, s in keys]
+
+            def mean_s(eps: list[Any], key: str) -> float:
+                return sum((num(ep.get(key)) or 0.0) for ep in eps) / len(eps) / 1000
+
+            prompt = [mean_s(groups[k], "prompt_ms") for k in keys]
+            gen = [mean_s(groups[k], "gen_ms") for k in keys]
+            ys = list(range(len(keys)))
             ax.barh(ys, prompt, color="#2b6cb0", label="prompt processing")
             ax.barh(ys, gen, left=prompt, color="#dd6b20", label="generation")
             ax.set_yticks(ys, labels)
             ax.invert_yaxis()
-            ax.set_xlabel("seconds of model time")
+            ax.set_xlabel(f"mean seconds of model time per episode (all {len(timed)} timed "
+                          "episodes; in brackets, how many per bar)")
             ax.legend(fontsize=7, ncols=2, loc="lower center", bbox_to_anchor=(0.5, 1.0),
                       frameon=False)
-            out.append(Plot("Prompt processing vs generation time",
-                            "model seconds per episode, prompt processing and generation", _svg_uri(fig)))
+            out.append(Plot("Prompt processing vs generation time, per scenario",
+                            "mean model seconds per episode and scenario, prompt processing and "
+                            "generation", _svg_uri(fig)))
     return out
 

@@ -5,16 +5,23 @@ autoescaping on, every value the template emits passes :func:`_finalize`
 (:func:`~runner.app.html_report.fields.text`, so control sequences are
 stripped, and :func:`shown`, so no one text can make the page huge), content
 never goes into a URL or an attribute (CSS classes come from fixed lists),
-and a Content-Security-Policy with no ``script-src`` at all stops anything
-that could still slip through. There is no JavaScript: folding is
-``<details>``.
+and a Content-Security-Policy stops anything that could still slip through:
+its ``script-src`` allows one script, by the sha256 of its exact text
+(``templates/report.js``: search, filter and sort, which only hides and
+reorders elements), never ``'unsafe-inline'``, so a ``<script>`` or an
+``onerror=`` that got into the page would not run. Folding is ``<details>``.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+import functools
+import hashlib
+import importlib.resources
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +42,26 @@ REPORT_NAME = layout.REPORT
 # Any one text shown (an output, a reply, a task): real runs cap outputs at the scenario's
 # output_limit (4000 by default); a crafted cassette's 10 MB output must not make a 25 MB page.
 MAX_SHOWN_CHARS = 20_000
-CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+
+@functools.cache
+def script() -> str:
+    """The page's one script, as it goes between ``<script>`` and ``</script>``."""
+    body = (importlib.resources.files("runner.app.templates") / "report.js").read_text(encoding="utf-8")
+    # The browser hashes the element's text after the HTML parser turned CR LF into LF: hash that.
+    assert "\r" not in body and "</" not in body, "report.js must keep to LF and hold no '</'"
+    return body
+
+
+def script_hash(body: str) -> str:
+    """The CSP source that allows exactly ``body``: ``'sha256-<base64 of its UTF-8 digest>'``."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode() + "'"
+
+
+def csp() -> str:
+    """The page's Content-Security-Policy: nothing fetched, no script but :func:`script`."""
+    return (f"default-src 'none'; script-src {script_hash(script())}; style-src 'unsafe-inline'; "
+            "img-src data:; base-uri 'none'; form-action 'none'")
 
 
 def shown(value: str, limit: int | None = None) -> str:
@@ -98,7 +124,7 @@ def render(runs: Sequence[RunView], title: str = "rootbench report") -> str:
     """The whole report for ``runs`` (side by side when there are several), as one HTML string."""
     drawn = plots(runs)
     return _environment().get_template("report.html.j2").render(
-        title=text(title), csp=CSP, plots=drawn or [], plots_missing=drawn is None, wilson=True,
+        title=text(title), csp=csp(), script=markupsafe.Markup(script()), plots=drawn or [], plots_missing=drawn is None, wilson=True,
         generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         version=__version__, **page(runs))
 
@@ -153,3 +179,46 @@ def refresh(run_dir: Path | str, logger: logging.Logger, *,
     except Exception as exc:  # noqa: BLE001 - the results are on disk; a report must not cost them
         logger.warning("the HTML report could not be written: %s", one_line(str(exc)))
         return None
+
+
+REFRESH_SECONDS = 10.0  # during a bench, the report is rewritten at most this often
+
+
+class Refresher:
+    """A bench's report, kept fresh without paying for it after every episode.
+
+    Rendering reads every cassette of the run and draws every plot, so
+    rewriting the report after each of N episodes costs O(N²). ``done`` after
+    an episode writes it only when ``every`` seconds have passed since the
+    last write ended (the first episode always writes, so the path is known
+    early); ``flush`` writes what is still unwritten (a bench that stops on
+    an error); ``final`` always writes (the end of a bench). ``clock`` is a
+    monotonic clock in seconds.
+    """
+
+    def __init__(self, run_dir: Path | str, logger: logging.Logger, *,
+                 every: float = REFRESH_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.run_dir, self.logger, self.every, self.clock = Path(run_dir), logger, every, clock
+        self.last: float | None = None  # when the last write ended
+        self.pending = False  # an episode ended since then
+        self.writes = 0
+
+    def done(self) -> Path | None:
+        """An episode ended: the report's path when it was rewritten now, else None."""
+        self.pending = True
+        if self.last is not None and self.clock() - self.last < self.every:
+            return None
+        return self.final()
+
+    def flush(self) -> Path | None:
+        """Rewrite the report when an episode ended since the last write."""
+        return self.final() if self.pending else None
+
+    def final(self) -> Path | None:
+        """Rewrite the report now."""
+        self.pending = False
+        self.writes += 1
+        try:
+            return refresh(self.run_dir, self.logger)
+        finally:
+            self.last = self.clock()

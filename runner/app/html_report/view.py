@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.app.html_report.fields import as_dict, as_list, integer, num, text
+from runner.app import compare as _compare
+from runner.app.html_report.fields import as_dict, as_list, brief, integer, num, text
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
-from runner.app.report import GRADED_COLUMNS
+from runner.app.report import GRADED_COLUMNS, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
-from runner.app.stats import deciding, verdict_counts
+from runner.app.stats import compare, deciding, score_of, verdict_counts
 from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
@@ -43,6 +44,9 @@ class EpisodeView:
     problem: str = ""  # why there is no trajectory
     anchor: str = ""
     result: Episode | None = None  # ``data`` read as an Episode (None: it is not one, e.g. cut short)
+    # What the page's filter and sort read (data-* attributes): numbers and fixed words only,
+    # never text from a file (see :func:`_facets`).
+    facets: dict[str, str] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
@@ -343,7 +347,7 @@ def _row(ep: EpisodeView, optional: list[tuple[str, str]]) -> dict[str, Any]:
         "seconds": f"{num(ep.get('seconds')) or 0.0:.1f}",
         "tokens": f"{tokens_in} / {tokens_out}" if tokens_in or tokens_out else "-",
         "extra": [_cell(key, ep.get(key)) for key, _title in optional],
-        "reason": text(ep.get("reason")), "anchor": ep.anchor,
+        "reason": brief(text(ep.get("reason"))), "anchor": ep.anchor,
     }
 
 
@@ -384,7 +388,8 @@ def _heatmap(runs: Sequence[RunView]) -> dict[str, Any]:
 
 def extra_fields(ep: EpisodeView) -> list[tuple[str, str]]:
     """Fields other parts of the harness add to an episode (score, milestones, ...), as text."""
-    out = [(text(key), _fmt(ep.get(key))) for key in ("hint_level", *GRADED_FIELDS)
+    out = [(text(key).replace("_", " "), _cell(key, ep.get(key)))
+           for key in ("hint_level", *GRADED_FIELDS)
            if ep.get(key) is not None and ep.get(key) is not False and ep.get(key) not in ([], {})]
     if phases := phases_text(ep.get("phases")):
         out.append(("phases", phases))
@@ -409,13 +414,99 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
     for i, run in enumerate(runs):
         for j, ep in enumerate(run.episodes):
             ep.anchor = f"run{i}-ep{j}"
+    filters = _facets(runs)
     optional = _optional_columns(runs)
     views = []
     for run in runs:
+        facts = _facts(run)
         views.append({
-            "label": run.label, "facts": _facts(run), "counts": _counts(run),
+            "label": run.label, "counts": _counts(run), "statistics": statistics(run),
+            "hinted": any(ep.hint_level for ep in run.episodes),
+            "facts": [(k, v) for k, v in facts if not k.startswith(FINGERPRINT)],
+            "fingerprint": [(k[len(FINGERPRINT):], v) for k, v in facts if k.startswith(FINGERPRINT)],
             "rows": [_row(ep, optional) for ep in run.episodes],
             "episodes": run.episodes,
         })
     return {"runs": views, "optional": [t for _k, t in optional], "heatmap": _heatmap(runs),
-            "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields}
+            "verdicts": verdicts(runs), "filters": filters,
+            "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields,
+            "fixed_turn": fixed_turn}
+
+
+FINGERPRINT = "fingerprint: "
+
+
+def _results(run: RunView) -> list[Episode]:
+    return [ep.result for ep in run.episodes if ep.result is not None]
+
+
+def statistics(run: RunView) -> dict[str, Any] | None:
+    """The run's statistics table, per scenario and overall, as the terminal shows it
+    (:func:`runner.app.report.statistics_rows`, from :func:`runner.app.stats.summarize`): pass@1
+    with its Wilson interval, pass@k, mean score, and with hints the rounds solved at any level
+    and the mean assist. None when no episode has a verdict."""
+    results = _results(run)
+    if not results:
+        return None
+    headers, rows = statistics_rows(results)
+    return {"headers": headers, "rows": rows[:-1], "overall": list(zip(headers[1:], rows[-1][1:],
+                                                                       strict=True))}
+
+
+def verdicts(runs: Sequence[RunView]) -> list[dict[str, Any]]:
+    """Side by side, each run after the first against the first, as ``rootbench compare`` says
+    it (:func:`runner.app.compare.verdict_lines`, the models named); nothing for one run."""
+    out: list[dict[str, Any]] = []
+    if len(runs) < 2 or not _results(runs[0]):
+        return out
+    first = runs[0]
+
+    def as_run(run: RunView) -> _compare.Run:
+        results = _results(run)
+        return _compare.Run(path=Path(run.source), label=_compare.run_label(run.info, results),
+                            episodes=results)
+
+    a = as_run(first)
+    for other in runs[1:]:
+        b = as_run(other)
+        if not b.episodes:
+            continue
+        rc = _compare.RunComparison(a, b, compare(a.episodes, b.episodes))
+        names = rc.names()
+        out.append({"a": names[0], "b": names[1], "lines": _compare.verdict_lines(rc)})
+    return out
+
+
+def fixed_turn(ep: EpisodeView) -> int | None:
+    """The turn whose command the success probes first all passed after (``fixed_at``), if any."""
+    turn = num(as_dict(ep.get("fixed_at")).get("turn"))
+    return int(turn) if turn is not None else None
+
+
+
+# Verdicts as the filter names them: a fixed list, so no text of a file reaches an attribute.
+FILTER_VERDICTS = (*(v.value for v in Verdict), "incomplete")
+
+
+def _facets(runs: Sequence[RunView]) -> dict[str, Any]:
+    """Give each episode the facets the page's filter and sort read, and return the choices the
+    filter offers: scenarios, tags (flags), runs and hint levels, each shown as text and keyed
+    by its index (an attribute only ever holds a number or a word of :data:`FILTER_VERDICTS`)."""
+    scenarios = list(dict.fromkeys(ep.scenario for run in runs for ep in run.episodes))
+    tags = sorted({f for run in runs for ep in run.episodes for f in ep.flags if f})
+    levels = sorted({ep.hint_level for run in runs for ep in run.episodes})
+    s_index, t_index = {s: i for i, s in enumerate(scenarios)}, {t: i for i, t in enumerate(tags)}
+    present: set[str] = set()
+    for r, run in enumerate(runs):
+        for i, ep in enumerate(run.episodes):
+            verdict = ep.verdict if ep.verdict in FILTER_VERDICTS else "incomplete"
+            present.add(verdict)
+            score = score_of(ep.result) if ep.result is not None else None
+            ep.facets = {"verdict": verdict, "scenario": str(s_index[ep.scenario]), "run": str(r),
+                         "level": str(ep.hint_level), "i": str(i),
+                         "tags": " ".join(str(t_index[f]) for f in ep.flags if f in t_index),
+                         "score": f"{score:.6f}" if score is not None else "-1",
+                         "seconds": f"{ep.seconds:.3f}", "turns": str(ep.turns)}
+    return {"verdicts": [v for v in FILTER_VERDICTS if v in present],
+            "scenarios": list(enumerate(scenarios)), "tags": list(enumerate(tags)),
+            "runs": [(i, run.label) for i, run in enumerate(runs)], "levels": levels}
