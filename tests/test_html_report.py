@@ -551,3 +551,22 @@ def test_a_bench_report_is_refreshed_at_most_every_n_seconds_and_always_at_the_e
     now[0] = 112.0
     assert report.final() == page and report.writes == 4  # the end: always
     assert "rogue-port-80" in page.read_text(encoding="utf-8")
+
+
+def test_the_ladder_is_a_figure_of_its_own_from_the_rounds_assists(tmp_path: Path) -> None:
+    """Solved with at most k hints, k = 0..3: the archived 1.5B ladder solved 2, 4, 6, 9 of 15."""
+    pytest.importorskip("matplotlib")
+    from runner.app.html_report.plots import ladder_curve, plots
+
+    archive = repo_root() / "recordings" / "archive" / "2026-12-04-before-validity"
+    big, small = (html_report.runs_from_cassettes(sorted((archive / f"{m}-json").glob("*.jsonl")))
+                  for m in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
+    assert [round(x * 15) for x in ladder_curve(big[0])] == [2, 4, 6, 9]
+    assert ladder_curve(small[0]) == [0.0, 0.0, 0.0, 0.0]
+    figures = plots([*big, *small])
+    assert figures is not None
+    assert "The ladder: rounds solved with at most k hints" in [p.title for p in figures]
+    # A run without hints has no ladder to draw.
+    oracle = html_report.runs_from_cassettes([repo_root() / "recordings" / "oracle" / "nginx-stopped.jsonl"])
+    assert ladder_curve(oracle[0]) == [1.0]
+    assert "The ladder: rounds solved with at most k hints" not in [p.title for p in plots(oracle) or []]

@@ -21,7 +21,7 @@ import markupsafe
 
 from runner.app.html_report.fields import num
 from runner.app.html_report.view import RunView
-from runner.app.stats import pass_count, wilson
+from runner.app.stats import assists, hinted, pass_count, wilson
 
 
 @dataclass
@@ -96,6 +96,10 @@ def plots(runs: Sequence[RunView]) -> list[Plot] | None:
                             "pass rate of first tries per scenario, one bar per run",
                             _svg_uri(fig)))
 
+        ladder = _ladder(runs, colors, Figure)
+        if ladder is not None:
+            out.append(ladder)
+
         per_turn = [(run, [ep.trajectory for ep in run.episodes if ep.trajectory]) for run in runs]
         if any(t.turns for _r, ts in per_turn for t in ts):
             fig = Figure(figsize=(7.5, 3.0))
@@ -164,4 +168,43 @@ def plots(runs: Sequence[RunView]) -> list[Plot] | None:
                             "mean model seconds per episode and scenario, prompt processing and "
                             "generation", _svg_uri(fig)))
     return out
+
+
+def ladder_curve(run: RunView) -> list[float]:
+    """Share of the run's rounds solved with at most k hints, for k = 0 .. the highest level run.
+
+    The ladder as a figure of its own: the pass-rate plot counts first tries
+    (level 0) only, so what the hints bought shows here and nowhere else.
+    """
+    results = [ep.result for ep in run.episodes if ep.result is not None]
+    needed = list(assists(results).values())
+    if not needed:
+        return []
+    top = max(r.hint_level for r in results if r.verdict.scored)
+    return [sum(1 for a in needed if a is not None and a <= k) / len(needed)
+            for k in range(top + 1)]
+
+
+def _ladder(runs: Sequence[RunView], colors: list[str], figure: Any) -> Plot | None:
+    """Rounds solved with at most k hints, one line per run; None when no run used hints."""
+    curves = [(run, ladder_curve(run)) for run in runs
+              if hinted([ep.result for ep in run.episodes if ep.result is not None])]
+    curves = [(run, c) for run, c in curves if c]
+    if not curves:
+        return None
+    fig = figure(figsize=(7.5, 2.8))
+    ax = fig.subplots()
+    for i, (run, curve) in enumerate(curves):
+        ax.step(range(len(curve)), curve, where="post", marker="o", color=colors[i % len(colors)],
+                label=run.label[:60])
+    top = max(len(c) for _r, c in curves)
+    ax.set_xticks(range(top), [str(k) for k in range(top)])
+    ax.set_xlabel("hints given (hint level)")
+    ax.set_ylabel("rounds solved")
+    ax.set_ylim(0, 1.05)
+    if len(curves) > 1:
+        ax.legend(loc="upper left", fontsize=7)
+    return Plot("The ladder: rounds solved with at most k hints",
+                "share of rounds solved at hint level k or lower, one line per run",
+                _svg_uri(fig))
 
