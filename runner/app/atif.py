@@ -54,7 +54,7 @@ from runner.app.outputs import check_dir_target, write_error
 from runner.app.runs import atomic_write, relative_name, slug
 from runner.core import layout
 from runner.core.cassette import Cassette, digest, find_cassettes
-from runner.core.cassette_header import CassetteHeader, read_header
+from runner.core.cassette_header import CassetteHeader
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
 
@@ -79,11 +79,6 @@ def _started(head: CassetteHeader) -> _dt.datetime | None:
     return start if start.tzinfo else start.replace(tzinfo=_dt.timezone.utc)
 
 
-def _head(traj: Trajectory) -> CassetteHeader:
-    """The trajectory's cassette header, typed (the trajectory keeps the line as recorded)."""
-    return read_header(traj.header, str(traj.path))
-
-
 def step_times(traj: Trajectory) -> tuple[str | None, list[str | None]]:
     """When the run began (its first clock reading) and when each model call's reply came (the
     first clock reading after it; the last before it when none follows), as ISO 8601 UTC.
@@ -92,7 +87,7 @@ def step_times(traj: Trajectory) -> tuple[str | None, list[str | None]]:
     monotonic clock; the header's ``started_at`` (to the second) says when that was. None
     where the cassette has no start time or no reading to go by.
     """
-    start = _started(_head(traj))
+    start = _started(traj.head)
     if start is None:
         return None, [None] * len(traj.turns)
 
@@ -201,7 +196,7 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
     file name)."""
     shown = shown or traj.path.name
     began, replied = step_times(traj)
-    head = _head(traj)
+    head = traj.head
     steps: list[dict[str, Any]] = [
         {"step_id": 1, "source": "system", "message": traj.system_prompt,
          "extra": {"system_prompt": traj.system_prompt_note}},

@@ -21,6 +21,7 @@ from typing import Any
 
 from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.core.cassette import Cassette, digest
+from runner.core.cassette_header import CassetteHeader
 from runner.core.outcomes import Decided
 from runner.core.protocol import PROTOCOLS, BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.spec import Scenario, task_text
@@ -115,7 +116,8 @@ class Trajectory:
     """What one cassette says happened, ready to show or export."""
 
     path: Path
-    header: dict[str, Any]
+    header: dict[str, Any]  # the first line as recorded (ATIF's session id hashes it)
+    head: CassetteHeader  # the same, typed and upgraded: what every lookup reads
     scenario: dict[str, Any]
     verdict: dict[str, Any] | None  # the Episode as written (None: the cassette was cut short)
     system_prompt: str = ""
@@ -130,17 +132,17 @@ class Trajectory:
 
     @property
     def protocol(self) -> str:
-        return text(as_dict(self.header.get("protocol")).get("name")) or "?"
+        return text(self.head.protocol.name) or "?"
 
     @property
     def model_name(self) -> str:
-        return text(as_dict(self.header.get("model")).get("name")) or "?"
+        return text(self.head.model_name or "") or "?"
 
 
-def _system_prompt(header: dict[str, Any], first_request: dict[str, Any]) -> tuple[str, str]:
+def _system_prompt(head: CassetteHeader, first_request: dict[str, Any]) -> tuple[str, str]:
     """The system prompt, rebuilt as the harness writes it, checked against the recorded digest."""
-    scenario = as_dict(header.get("scenario"))
-    protocol = PROTOCOLS.get(str(as_dict(header.get("protocol")).get("name")))
+    scenario = as_dict(head.scenario)
+    protocol = PROTOCOLS.get(head.protocol.name)
     budget = as_dict(scenario.get("budget"))
     if protocol is None or num(budget.get("turns")) is None or num(budget.get("seconds")) is None:
         return "", "not recorded, and the protocol or budget is unknown"
@@ -204,12 +206,11 @@ def _result(cmd: Command, event: dict[str, Any]) -> None:
     cmd.truncated = bool(result.get("truncated"))
 
 
-def _task(scenario: dict[str, Any], header: dict[str, Any]) -> str:
+def _task(scenario: dict[str, Any], level: int) -> str:
     """The task as the model was sent it: with the header's hint level, ending with its hints."""
-    task, level = scenario.get("task"), header.get("hint_level")
+    task = scenario.get("task")
     hints = tuple(h for h in as_list(scenario.get("hints")) if isinstance(h, str))
-    if (isinstance(task, str) and isinstance(level, int) and not isinstance(level, bool)
-            and 0 < level <= len(hints)):
+    if isinstance(task, str) and 0 < level <= len(hints):
         return text(task_text(Scenario(id="", title="", image="", task=task, hints=hints), level))
     return text(task)
 
@@ -224,15 +225,14 @@ def load_trajectory(path: Path | str) -> Trajectory:
     since (:attr:`Trajectory.decisions` says which).
     """
     cas = Cassette.load(path)
-    header = cas.header
-    scenario = as_dict(header.get("scenario"))
-    traj = Trajectory(path=Path(path), header=header, scenario=scenario, verdict=cas.verdict,
-                      task=_task(scenario, header))
+    scenario = as_dict(cas.head.scenario)
+    traj = Trajectory(path=Path(path), header=cas.header, head=cas.head, scenario=scenario,
+                      verdict=cas.verdict, task=_task(scenario, cas.head.hint_level))
     unsafe = {c for c in as_list(as_dict(cas.verdict).get("unsafe_commands")) if isinstance(c, str)}
     reparse: _Reparse | None = None
     if not any(e.get("type") == "decision" for e in cas.events):
         traj.decisions = DecisionsFrom.REPARSED
-        reparse = _Reparse(PROTOCOLS.get(str(as_dict(header.get("protocol")).get("name"))), unsafe)
+        reparse = _Reparse(PROTOCOLS.get(cas.head.protocol.name), unsafe)
     setup = [c for c in as_list(scenario.get("setup")) if isinstance(c, str)]
     runs: Counter[str] = Counter()  # only for an exec no decision foretold
     turn: Turn | None = None
@@ -285,7 +285,7 @@ def load_trajectory(path: Path | str) -> Trajectory:
                     turn.commands.append(cmd)
                 cmd.ran = True
                 _result(cmd, event)
-    traj.system_prompt, traj.system_prompt_note = _system_prompt(header, first_request)
+    traj.system_prompt, traj.system_prompt_note = _system_prompt(cas.head, first_request)
     return traj
 
 

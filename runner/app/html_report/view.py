@@ -124,7 +124,7 @@ def _episode_from_cassette(path: Path, shown: str | None = None) -> EpisodeView:
     if not data:
         n = len(traj.turns)
         data = {"scenario": traj.scenario.get("id") or scenario, "verdict": "incomplete",
-                "round": traj.header.get("round", 0), "hint_level": traj.header.get("hint_level", 0),
+                "round": traj.head.round, "hint_level": traj.head.hint_level,
                 "model": traj.model_name, "protocol": traj.protocol, "turns": n,
                 "commands": sum(len(t.commands) for t in traj.turns),
                 "reason": f"the cassette was cut short: it ends after {n} "
