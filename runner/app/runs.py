@@ -275,7 +275,7 @@ def episodes_from_recordings(folder: Path) -> tuple[list[Episode], list[Path]]:
             cut.append(path)
             continue
         try:
-            ep = Episode.from_dict({k: v for k, v in verdict.items() if k != "type"})
+            ep = Episode.from_dict(verdict)  # it leaves out the line's "type"
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"the verdict line is not an episode: {one_line(str(exc), 120)}",
                                path=str(path)) from None

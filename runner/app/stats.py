@@ -224,15 +224,13 @@ def first_tries(episodes: Sequence[Episode]) -> list[Episode]:
     and the mean score are about first tries. Without a ladder every round is
     one episode and this is every scored run.
     """
-    first: dict[tuple[str, int], Episode] = {}
-    for ep in episodes:
-        if not ep.verdict.scored:
-            continue
-        key = (ep.scenario, ep.round)
-        if key not in first or ep.hint_level < first[key].hint_level:
-            first[key] = ep
-    chosen = {id(e) for e in first.values()}
-    return [e for e in episodes if id(e) in chosen]
+    seen: set[RoundKey] = set()
+    first: list[Episode] = []
+    for ep in _first_level(episodes):  # a round held twice at that level: its first run
+        if (ep.scenario, ep.round) not in seen:
+            seen.add((ep.scenario, ep.round))
+            first.append(ep)
+    return first
 
 
 def pass_count(episodes: Sequence[Episode]) -> tuple[int, int]:
