@@ -18,14 +18,15 @@ from runner.app.runs import new_run_dir, slug
 from runner.core.cassette import CassetteWriter, RecordMode
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import repo_root
-from runner.core.spec import Scenario, load_specs, select
+from runner.core.selection import pick_ids
+from runner.core.spec import Scenario, load_specs
 
 ORACLE = repo_root() / "recordings" / "oracle"
 IDS = ["rogue-port-80", "permission-403"]
 
 
 def _scenarios() -> list[Scenario]:
-    return select(load_specs([repo_root() / "specs"]), IDS)
+    return pick_ids(load_specs([repo_root() / "specs"]), IDS)
 
 
 def test_writer_keeps_partial_when_the_run_fails(tmp_path: Path) -> None:

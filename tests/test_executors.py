@@ -152,9 +152,10 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
     from runner.app.episodes import RunOptions
     from runner.core.cassette import RecordMode
     from runner.core.errors import InvalidInput
-    from runner.core.spec import load_specs, select
+    from runner.core.selection import pick_ids
+    from runner.core.spec import load_specs
 
-    [s] = select(load_specs([repo_root() / "specs"]), ["rogue-port-80"])
+    [s] = pick_ids(load_specs([repo_root() / "specs"]), ["rogue-port-80"])
     oracle = AgentChoice(kind=AgentKind.ORACLE)
     record = tmp_path / "rec"
     for arm in ("oracle-tools-h0", "oracle-tools-h1", "oracle-tools", "oracle-json"):

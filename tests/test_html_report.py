@@ -34,7 +34,8 @@ from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
-from runner.core.spec import load_specs, select
+from runner.core.selection import pick_ids
+from runner.core.spec import load_specs
 
 RECORDINGS = repo_root() / "recordings"
 ORACLE = RECORDINGS / "oracle"
@@ -54,7 +55,7 @@ def _report(capsys: pytest.CaptureFixture[str], *args: str) -> Path:
 # --- without a browser --------------------------------------------------------------------------
 
 def _bench(run_dir: Path, ids: list[str]) -> list:  # type: ignore[type-arg]
-    scenarios = select(load_specs([repo_root() / "specs"]), ids)
+    scenarios = pick_ids(load_specs([repo_root() / "specs"]), ids)
     return run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,
                      record_to=ORACLE, record_mode=RecordMode.ONCE)
 
@@ -67,7 +68,7 @@ def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_i
     record.mkdir()
     shutil.copy(ORACLE / "rogue-port-80.jsonl", record)
     (record / "permission-403.jsonl").write_text("{not a cassette\n")
-    scenarios = select(load_specs([repo_root() / "specs"]), ["rogue-port-80", "permission-403"])
+    scenarios = pick_ids(load_specs([repo_root() / "specs"]), ["rogue-port-80", "permission-403"])
     run_dir = tmp_path / "run"
     with caplog.at_level("INFO", logger="rootbench.bench"), pytest.raises(InvalidInput):
         run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,

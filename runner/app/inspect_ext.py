@@ -44,7 +44,8 @@ from runner.core.agent_api import BridgeModel, EpisodeOver
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.protocol import BASE_PROMPT
-from runner.core.spec import default_specs, load_spec, load_specs, select, task_text
+from runner.core.selection import pick_ids
+from runner.core.spec import default_specs, load_spec, load_specs, task_text
 
 NAME = "rootbench"
 
@@ -192,7 +193,7 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
               epochs: int = 1, accel: str = "auto", runs_dir: str = "runs") -> Task:
     """rootbench's scenarios as an Inspect task.
 
-    ``scenarios``: comma-separated scenario ids (default: all); ``specs``: a
+    ``scenarios``: comma-separated scenario ids or globs (default: all); ``specs``: a
     spec folder (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios); ``hints``: the first K
     hints appended to each task; ``epochs``: runs per scenario.
     """
@@ -200,7 +201,7 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
     found = load_specs(folders)
     if scenarios:
         try:
-            found = select(found, [s.strip() for s in scenarios.split(",") if s.strip()])
+            found = pick_ids(found, [s.strip() for s in scenarios.split(",") if s.strip()])
         except InvalidInput as exc:
             raise ValueError(f"-T scenarios: {exc.detail}") from None
     samples = [Sample(id=s.id, input=task_text(s, min(hints, len(s.hints))),

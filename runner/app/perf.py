@@ -35,7 +35,8 @@ from runner.core.model import ChatRequest
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import Bundled, bundled
 from runner.core.protocol import BudgetLeft, JsonProtocol
-from runner.core.spec import load_specs, select
+from runner.core.selection import pick_ids
+from runner.core.spec import load_specs
 
 log = logging.getLogger("rootbench.perf")
 IMAGE = "debian-12-nginx"
@@ -216,7 +217,7 @@ def _episode_seconds(events: list[dict[str, Any]]) -> float:
 
 def _oracle_figures(accel: str) -> dict[str, Any]:
     """The oracle's episodes on the three published scenarios: median wall time, and the phases."""
-    scenarios = select(load_specs([bundled(Bundled.SPECS)]), list(PUBLISHED))
+    scenarios = pick_ids(load_specs([bundled(Bundled.SPECS)]), PUBLISHED)
     with tempfile.TemporaryDirectory(prefix="rootbench-perf-") as tmp:
         eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel=accel),
                         Path(tmp) / "oracle")
@@ -324,7 +325,7 @@ def _scale_figures(accel: str) -> dict[str, Any]:
     the ratio (``jobs2_speedup``) is the figure, the absolute rates depend on
     the machine and on whatever else it runs.
     """
-    scenarios = select(load_specs([bundled(Bundled.SPECS)]), list(SCALE_SCENARIOS))
+    scenarios = pick_ids(load_specs([bundled(Bundled.SPECS)]), SCALE_SCENARIOS)
     choice = AgentChoice(kind=AgentKind.ORACLE)
     opts = RunOptions(accel=accel)
     out: dict[str, Any] = {"scale_episodes": len(scenarios)}

@@ -625,17 +625,6 @@ def load_specs(paths: Iterable[str | Path]) -> list[Scenario]:
     return [s for _p, s, _e in checked if s is not None]
 
 
-def select(scenarios: list[Scenario], ids: Iterable[str]) -> list[Scenario]:
-    """The scenarios whose id is in ``ids`` (an unknown id is an error)."""
-    by_id = {s.id: s for s in scenarios}
-    out = []
-    for i in ids:
-        if i not in by_id:
-            raise InvalidInput(f"no scenario with id {i!r}", field="--only")
-        out.append(by_id[i])
-    return out
-
-
 # --- scenarios in cassette headers -----------------------------------------------------------
 
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
