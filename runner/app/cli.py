@@ -84,6 +84,7 @@ from runner.backends.llama import (
 from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
+from runner.core import layout
 from runner.core.cassette import RecordMode, find_cassettes
 from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
@@ -580,7 +581,7 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
         _out(pass_at(episodes, args.format))
     # The path is progress, not the answer: with --format json stdout stays one JSON document.
     blog = logging.getLogger("rootbench.bench")
-    blog.info("results: %s", run_dir / "results.json")
+    blog.info("results: %s", run_dir / layout.RESULTS)
     if (run_dir / html_report.REPORT_NAME).is_file():  # the last line: what a person opens
         blog.info("report: %s", (run_dir / html_report.REPORT_NAME).resolve())
     if any(e.verdict is Verdict.INFRA_ERROR for e in episodes):
@@ -599,7 +600,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _choices(args)  # flags first
     resume = Path(args.resume) if args.resume else None
     if resume is not None:
-        if not (resume / "run.json").is_file():
+        if not (resume / layout.RUN_INFO).is_file():
             raise InvalidInput("not a run directory (no run.json)", path=str(resume),
                                field="--resume")
         load_results(resume)  # a damaged results.json is reported before anything runs
@@ -755,7 +756,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                   rejected, len(v.shortcuts))
     # The report: every noop cassette in the run directory, every oracle and shortcut cassette.
     cassettes = dict.fromkeys(p.resolve() for p in [
-        *sorted(run_dir.glob("*.jsonl")), *(Path(v.cassette) for v in results if v.cassette),
+        *sorted(run_dir.glob(f"*{layout.SUFFIX}")), *(Path(v.cassette) for v in results if v.cassette),
         *(Path(r.cassette) for v in results for r in v.shortcuts if r.cassette)] if p.is_file())
     report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
     if report is not None:

@@ -105,7 +105,7 @@ class EpisodeRun:
             write_results(self.run_dir, self._info, [self.episode])
             ep = self.episode
             log.info("%s: %s (%s) in %.1fs; results: %s", ep.scenario, ep.verdict, ep.reason,
-                     ep.seconds, self.run_dir / "results.json")
+                     ep.seconds, self.run_dir / layout.RESULTS)
         finally:
             self.bridge.close()  # a client still waiting in run_command hears it is over
             self.done.set()

@@ -28,6 +28,7 @@ from runner.backends.openai import OpenAIModel
 from runner.backends.qemu import Qemu, make_overlay
 from runner.backends.sandbox import Sandbox
 from runner.backends.snapshot import ensure_snapshot
+from runner.core import layout
 from runner.core.cassette import Cassette, find_cassettes
 from runner.core.episode import dominant_phase
 from runner.core.errors import RootbenchError
@@ -222,7 +223,7 @@ def _oracle_figures(accel: str) -> dict[str, Any]:
         eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel=accel),
                         Path(tmp) / "oracle")
         guest = [_guest_durations(Cassette.load(p).events)
-                 for p in sorted((Path(tmp) / "oracle").rglob("*.jsonl"))]
+                 for p in sorted((Path(tmp) / "oracle").rglob(f"*{layout.SUFFIX}"))]
     walls = [sum(ep.phases.values()) for ep in eps]
     out: dict[str, Any] = {"oracle_episode_s": round(statistics.median(walls), 2),
                            "oracle_passes": sum(ep.verdict is Verdict.PASS for ep in eps)}
@@ -252,7 +253,7 @@ def _verify_figures(accel: str) -> dict[str, Any]:
         wall = time.monotonic() - t0
         # verify records each oracle episode (into recordings/oracle under its working
         # directory): how much of those episodes the guest spent running commands.
-        oracle = [Cassette.load(p).events for p in sorted((Path(tmp) / "recordings").rglob("*.jsonl"))]
+        oracle = [Cassette.load(p).events for p in sorted((Path(tmp) / "recordings").rglob(f"*{layout.SUFFIX}"))]
         guest_s = sum(sum(_guest_durations(events)) for events in oracle)
         episode_s = sum(_episode_seconds(events) for events in oracle)
     count = len(list(bundled(Bundled.SPECS).glob("*.yaml")))
