@@ -89,9 +89,10 @@ from runner.core.cassette import RecordMode, find_cassettes
 from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
 from runner.core.outcomes import AgentKind, ReplayResult, Verdict
+from runner.core.paths import default_spec_dirs
 from runner.core.protocol import CHOICES
 from runner.core.selection import Selection, choose, split_words
-from runner.core.spec import Scenario, check_specs, default_specs, load_spec, load_specs
+from runner.core.spec import Scenario, check_specs, load_spec, load_specs
 from runner.core.text import one_line, printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
@@ -342,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
 # --- commands -----------------------------------------------------------------------------------
 
 def _spec_paths(paths: Sequence[str]) -> list[str | Path]:
-    return list(paths) if paths else list(default_specs())
+    return list(paths) if paths else list(default_spec_dirs())
 
 
 def _selection(args: argparse.Namespace) -> Selection:

@@ -43,9 +43,10 @@ from runner.app.runs import new_run_dir
 from runner.core.agent_api import BridgeModel, EpisodeOver
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
+from runner.core.paths import default_spec_dirs
 from runner.core.protocol import BASE_PROMPT
 from runner.core.selection import pick_ids
-from runner.core.spec import default_specs, load_spec, load_specs, task_text
+from runner.core.spec import load_spec, load_specs, task_text
 
 NAME = "rootbench"
 
@@ -197,7 +198,7 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
     spec folder (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios); ``hints``: the first K
     hints appended to each task; ``epochs``: runs per scenario.
     """
-    folders = [Path(specs)] if specs else default_specs()
+    folders = [Path(specs)] if specs else default_spec_dirs()
     found = load_specs(folders)
     if scenarios:
         try:

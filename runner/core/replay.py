@@ -27,7 +27,8 @@ from runner.core.errors import (
 )
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.model import ChatRequest, Model, ModelReply
-from runner.core.spec import default_specs, parse_yaml, read_text, spec_files
+from runner.core.paths import default_spec_dirs
+from runner.core.spec import parse_yaml, read_text, spec_files
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -274,7 +275,7 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
     if not recorded:
         return None
     scenario_id = cassette.head.scenario_id
-    dirs = list(specs_dirs) if specs_dirs is not None else default_specs()
+    dirs = list(specs_dirs) if specs_dirs is not None else default_spec_dirs()
     beside = Path(cassette.path).parent
     spec = _spec_by_id(scenario_id, [*dirs, beside])
     if spec is None:

@@ -27,7 +27,7 @@ import jsonschema
 import yaml
 
 from runner.core.errors import InvalidInput
-from runner.core.paths import default_spec_dirs, find_recipe, image_dirs, schema_path
+from runner.core.paths import find_recipe, image_dirs, schema_path
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
 from runner.core.rules import CURRENT_RULES, Rules
@@ -582,11 +582,6 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             out.append(p)
     return out
-
-
-def default_specs() -> list[Path]:
-    """The scenario folders read when none are named (``$ROOTBENCH_SPECS``, else the bundled)."""
-    return default_spec_dirs()
 
 
 def check_specs(paths: Iterable[str | Path]) -> list[tuple[Path, Scenario | None, InvalidInput | None]]:
