@@ -97,9 +97,10 @@ class ReplayModel(Model):
                                lambda e: f"the reply to turn {e.get('turn')}")
         self._lenient = lenient
         # What the loop decided of each reply, when the cassette says (older ones do not).
-        self._decisions = _Stream(cassette.stream("decision"), "decision",
+        decisions = cassette.stream("decision")
+        self._decisions = _Stream(decisions, "decision",
                                   lambda e: f"{e.get('action')} in turn {e.get('turn')}")
-        self._check_decisions = bool(cassette.stream("decision"))
+        self._check_decisions = bool(decisions)
         self._fingerprint = dict(cassette.head.model)
         self.name = cassette.head.model_name or "replay"
         self.agent = cassette.head.model_kind
