@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -44,6 +45,26 @@ ray.shutdown()
 class Cluster:
     address: str
     tmp: Path  # the workers' TMPDIR
+
+
+def _reap_cluster(head: subprocess.Popen[Any], log: IO[str], temp: Path) -> list[str]:
+    """Wait for a stopping Ray head (killing its group if it hangs), then kill whatever of this
+    cluster is left (only its processes name its temp dir) and remove that dir; the pids that
+    were left, for the caller to assert there were none."""
+    try:
+        head.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=30)
+    log.close()
+    time.sleep(2)
+    left = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True,
+                          timeout=10).stdout.split()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    shutil.rmtree(temp, ignore_errors=True)
+    return left
 
 
 @pytest.fixture
@@ -70,18 +91,7 @@ def ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clu
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        log.close()
-        time.sleep(2)
-        left = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True,
-                              timeout=10).stdout.split()
-        for pid in left:  # only the processes of this cluster (they name its temp dir)
-            os.kill(int(pid), signal.SIGKILL)
-        shutil.rmtree(temp, ignore_errors=True)
+        left = _reap_cluster(proc, log, temp)
         assert not left, f"Ray processes outlived ray.shutdown(): {left}"
 
 
@@ -215,17 +225,5 @@ def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
-        try:
-            head.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
-        log.close()
-        time.sleep(2)
-        left = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True,
-                              timeout=10).stdout.split()
-        for pid in left:  # only the processes of this cluster (they name its temp dir)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        shutil.rmtree(temp, ignore_errors=True)
+        left = _reap_cluster(head, log, temp)
         assert not left, f"Ray processes outlived the head: {left}"
