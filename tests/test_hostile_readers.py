@@ -47,6 +47,30 @@ def _cli(*args: str, cwd: Path | None = None, user: bool = False,
                           cwd=cwd or repo_root(), stdin=subprocess.DEVNULL, env=env)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def nobody_reaches_the_code() -> Iterator[None]:
+    """``nobody`` must be able to start the CLI: search (x, never read) permission is lent, for
+    this module's tests only, on the folders above the checkout and the venv that lack it.
+
+    A checkout made by ``git clone . "$(mktemp -d)"`` sits in a 0700 folder of root's, which
+    nobody cannot pass through to reach the interpreter or the code; the modes are put back
+    after the last test.
+    """
+    lent: dict[Path, int] = {}
+    if os.geteuid() == 0:
+        for top in (repo_root(), Path(sys.executable).parent):
+            for folder in [top, *top.parents]:
+                mode = folder.stat().st_mode
+                if folder not in lent and not mode & stat.S_IXOTH:
+                    lent[folder] = stat.S_IMODE(mode)
+                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for folder, mode in lent.items():
+            folder.chmod(mode)
+
+
 def _one_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "unexpected error" not in r.stderr, r.stderr
