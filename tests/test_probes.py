@@ -35,6 +35,7 @@ from runner.core.probes import (
     HttpProbe,
     PortProbe,
     ProbeKind,
+    ProbeResult,
     ServiceProbe,
     run_probes,
 )
@@ -147,7 +148,18 @@ def test_command(probe: CommandProbe, answer: CommandResult,
 
 def test_command_detail_keeps_only_the_output_tail() -> None:
     outcome, detail = CommandProbe("x").check(CannedGuest({"x": ok("a" * 500 + "END", 2)}), V1)
-    assert outcome is FAIL and detail == "exit 2, wanted 0: " + "a" * 117 + "END"
+    assert outcome is FAIL and detail == "exit 2, wanted 0: …" + "a" * 116 + "END"
+
+
+def test_command_detail_starts_at_a_word() -> None:
+    # nginx -t's error, kept from its end: the detail must not begin inside "invalid"
+    out = ('nginx: [emerg] invalid parameter "listen" in /etc/nginx/sites-enabled/default:23\n'
+           "nginx: configuration file /etc/nginx/nginx.conf test failed\n")
+    outcome, detail = CommandProbe("nginx -t").check(CannedGuest({"nginx -t": ok(out, 1)}), V2)
+    kept = detail.removeprefix("exit 1, wanted 0: ")
+    assert outcome is FAIL and kept.startswith("…") and len(kept) <= 120
+    assert out.rstrip().endswith(kept[1:].rstrip()) and kept[1] != "d", kept
+    assert kept.startswith('…parameter "listen"'), kept
 
 
 # --- http ----------------------------------------------------------------------------------
@@ -590,6 +602,26 @@ def _oracle_cassettes() -> Iterator[Path]:
             yield path
 
 
+def _as_recorded(results: list[ProbeResult], recorded: list[dict[str, Any]]) -> bool:
+    """Whether re-checked results are the recorded ones, each detail the recorded text.
+
+    A detail now keeps a long output's end from a word, marked "…" (core.text.tail);
+    a recording made before kept the last 120 characters as they fell. So where the
+    new detail has that mark, the recorded one must be the same text around it: the
+    words before the mark and the output's end after it.
+    """
+    def same(now: dict[str, Any], was: dict[str, Any]) -> bool:
+        if {**now, "detail": ""} != {**was, "detail": ""}:
+            return False
+        if now["detail"] == was["detail"] or "…" not in now["detail"]:
+            return bool(now["detail"] == was["detail"])
+        before, after = now["detail"].split("…", 1)
+        return bool(was["detail"].startswith(before) and was["detail"].endswith(after))
+
+    return len(results) == len(recorded) and all(
+        same(r.to_dict(), was) for r, was in zip(results, recorded, strict=True))
+
+
 @pytest.mark.parametrize("path", list(_oracle_cassettes()), ids=lambda p: p.stem)
 def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) -> None:
     """Every probe phase of a committed oracle run, re-checked through the typed kinds.
@@ -598,7 +630,8 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     success probes (pre-check), the agent, then the success probes and the
     invariants again, these two waiting for their ``within``. Each phase's
     exchanges are cut from the cassette and served back by ReplayGuest; the
-    results must equal the ones recorded in the verdict, detail text included.
+    results must equal the ones recorded in the verdict, detail text included
+    (the output a detail keeps was cut mid-word until 2026-12-05; see :func:`_as_recorded`).
     """
     cas = Cassette.load(path)
     rules = cas.head.rules
@@ -622,13 +655,13 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     n_inv, n_setup, n_probes = len(scenario.invariants), len(scenario.setup), len(scenario.probes)
     baseline_guest, clock = phase(guest_events[:n_inv])
     baseline = run_probes(baseline_guest, scenario.invariants, clock, rules=rules, wait=False)
-    assert [r.to_dict() for r in baseline] == verdict["baseline"]
+    assert _as_recorded(baseline, verdict["baseline"])
     assert exhausted(baseline_guest)
 
     start = n_inv + n_setup
     pre_guest, clock = phase(guest_events[start:start + n_probes])
     pre = run_probes(pre_guest, scenario.probes, clock, rules=rules, wait=False)
-    assert [r.to_dict() for r in pre] == verdict["precheck"]
+    assert _as_recorded(pre, verdict["precheck"])
     assert exhausted(pre_guest)
     assert any(r.outcome is not PASS for r in pre), "the fault landed, so a probe failed"
 
@@ -639,8 +672,8 @@ def test_recorded_probe_exchanges_recheck_to_the_recorded_results(path: Path) ->
     post_guest, clock = phase(events[last_agent + 1:])
     post = run_probes(post_guest, scenario.probes, clock, rules=rules)
     invariants = run_probes(post_guest, scenario.invariants, clock, rules=rules)
-    assert [r.to_dict() for r in post] == verdict["probes"]
-    assert [r.to_dict() for r in invariants] == verdict["invariants"]
+    assert _as_recorded(post, verdict["probes"])
+    assert _as_recorded(invariants, verdict["invariants"])
     assert exhausted(post_guest)
 
 

@@ -67,7 +67,7 @@ from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
 from runner.core.rules import CURRENT_RULES, Rules
 from runner.core.spec import Probe, Scenario, task_text
-from runner.core.text import clean_text, one_line
+from runner.core.text import clean_text, head, one_line, tail
 
 log = logging.getLogger("rootbench.agent")
 MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
@@ -461,12 +461,12 @@ def run_episode(scenario: Scenario, guest: Guest, model: Model, protocol: Protoc
     except GuestDown as exc:
         if vm_killed is not None and vm_killed():
             ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
-            ep.reason = f"the VM was killed from outside: {clean_text(str(exc))[:160]}"
+            ep.reason = f"the VM was killed from outside: {head(clean_text(str(exc)), 160)}"
         else:
             # The guest stopped answering while the agent acted: the agent broke the server.
             ep.verdict, ep.stop = Verdict.FAIL, StopReason.VM_DOWN
             ep.flags.append(Flag.VM_DOWN)
-            ep.reason = f"the server stopped answering: {clean_text(str(exc))[:160]}"
+            ep.reason = f"the server stopped answering: {head(clean_text(str(exc)), 160)}"
     except InfraError as exc:
         ep.verdict, ep.stop = Verdict.INFRA_ERROR, StopReason.INFRA_ERROR
         ep.reason = clean_text(str(exc)).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -514,7 +514,7 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
                 ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
                 ep.reason = (f"setup[{i}] "
                              f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}"
-                             f": {clean_text(result.output)[-120:]}")
+                             f": {tail(clean_text(result.output), 120)}")
                 return
     with _phase(ep, "pre_check"):
         pre = run_probes(guest, scenario.probes, clock, rules=rules, wait=False)

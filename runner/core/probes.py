@@ -45,12 +45,14 @@ from runner.core.guest import CommandResult, Guest
 from runner.core.outcomes import ProbeOutcome
 from runner.core.patterns import search
 from runner.core.rules import Rules
+from runner.core.text import tail
 
 PROBE_TIMEOUT = 20.0  # seconds for one probe command
 RETRY_INTERVAL = 0.5  # seconds between tries of a probe with ``within``
 _NOT_FOUND = 127
 _HTTP_MARK = "__RB_HTTP__"
 _MISSING_MARK = "__RB_MISSING__"
+_DETAIL = 120  # characters of a probe's output kept in its detail: the end, from a word
 
 _PASS, _FAIL, _ERROR = ProbeOutcome.PASS, ProbeOutcome.FAIL, ProbeOutcome.ERROR
 
@@ -154,7 +156,7 @@ def _ask(guest: Guest, question: dict[str, Any]) -> tuple[dict[str, Any] | None,
     if result.timed_out:
         return None, (_ERROR, f"probe timed out after {PROBE_TIMEOUT:.0f}s")
     if result.exit_code == _NOT_FOUND:
-        return None, (_ERROR, f"the guest helper cannot answer: {result.output[-120:]}")
+        return None, (_ERROR, f"the guest helper cannot answer: {tail(result.output, _DETAIL)}")
     try:
         answer = json.loads(result.output)
     except ValueError:
@@ -199,14 +201,14 @@ class CommandProbe(ProbeKind):
             return _ERROR, f"probe timed out after {PROBE_TIMEOUT:.0f}s"
         # 127 is "command not found" unless the spec asked for exactly that.
         if result.exit_code == _NOT_FOUND and want != _NOT_FOUND:
-            return _ERROR, f"command not found: {result.output[-120:]}"
+            return _ERROR, f"command not found: {tail(result.output, _DETAIL)}"
         out = result.output
         if result.exit_code != want:
-            return _FAIL, f"exit {result.exit_code}, wanted {want}: {out[-120:]}"
+            return _FAIL, f"exit {result.exit_code}, wanted {want}: {tail(out, _DETAIL)}"
         if self.stdout_contains is not None and self.stdout_contains not in out:
-            return _FAIL, f"output lacks {self.stdout_contains!r}: {out[-120:]}"
+            return _FAIL, f"output lacks {self.stdout_contains!r}: {tail(out, _DETAIL)}"
         if self.stdout_matches is not None and not search(self.stdout_matches, out, multiline=True):
-            return _FAIL, f"output does not match /{self.stdout_matches}/: {out[-120:]}"
+            return _FAIL, f"output does not match /{self.stdout_matches}/: {tail(out, _DETAIL)}"
         return _PASS, f"exit {result.exit_code}"
 
 
@@ -354,7 +356,7 @@ class PortProbe(ProbeKind):
         if (why := _failed_to_run(result, "ss")) is not None:
             return _ERROR, why
         if result.exit_code != 0:
-            return _ERROR, f"ss failed: {result.output[-120:]}"
+            return _ERROR, f"ss failed: {tail(result.output, _DETAIL)}"
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
         names = sorted({m.group(1) for ln in lines for m in _SS_USER.finditer(ln)})
         seen = f"port {port}: " + (f"listening ({', '.join(names) or 'unknown process'})"

@@ -55,11 +55,45 @@ def neutralize(text: str) -> str:
 
 
 def one_line(text: str, limit: int = 200) -> str:
-    """``text`` fit to show, on one line, at most ``limit`` characters (cut with an ellipsis)."""
+    """``text`` fit to show, on one line, at most ``limit`` characters (cut at a word, with an
+    ellipsis, by :func:`head`)."""
     text = _ANY_CONTROL.sub(" ", neutralize(clean_text(str(text)))).strip()
-    text = " ".join(text.split())
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    text = head(" ".join(text.split()), limit)
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def head(text: str, limit: int) -> str:
+    """The start of ``text`` in at most ``limit`` characters, cut at a word boundary with "…".
+
+    A reader of a cut "why" should never have to guess a word: so the cut
+    falls at the last space, unless that would throw away more than half (a
+    long path or a word longer than the limit is then cut inside, still marked).
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:-") + "…"
+
+
+def tail(text: str, limit: int) -> str:
+    """The end of ``text`` in at most ``limit`` characters, starting at a word boundary with "…".
+
+    What a probe keeps of a long output is its end (where the error is), and
+    starting mid-word (``d parameter "listen"``) misleads the reader; so the
+    cut falls after the first whitespace, unless that would throw away more than
+    half of what is kept (then it is cut inside, still marked).
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[len(text) - (limit - 1):]
+    if not text[len(text) - limit].isspace():  # the kept part starts inside a word
+        space = next((i for i, ch in enumerate(cut) if ch.isspace()), len(cut))
+        if space < limit // 2:
+            cut = cut[space:]
+    return "…" + cut.lstrip()
 
 
 def printable(text: str) -> str:

@@ -44,22 +44,6 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def brief(value: str, limit: int = 160) -> str:
-    """``value`` in at most ``limit`` characters, cut at a word boundary with an ellipsis.
-
-    A table cell shows this much of a long text (the verdict's "why"); the
-    trajectory shows it whole. A word longer than the limit is cut inside
-    (there is no boundary to cut at), still with the ellipsis.
-    """
-    if len(value) <= limit:
-        return value
-    cut = value[:limit - 1]
-    space = cut.rfind(" ")
-    if space > limit // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:-") + "…"
-
-
 def plural(n: int, word: str) -> str:
     """``1 turn``, ``2 turns``: a count and its noun."""
     return f"{n} {word}{'' if n == 1 else 's'}"

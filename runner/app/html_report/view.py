@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.app import compare as _compare
-from runner.app.html_report.fields import as_dict, as_list, brief, integer, num, text
+from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
 from runner.app.report import GRADED_COLUMNS, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
@@ -31,6 +31,7 @@ from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
+from runner.core.text import head
 
 OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
 
@@ -347,7 +348,7 @@ def _row(ep: EpisodeView, optional: list[tuple[str, str]]) -> dict[str, Any]:
         "seconds": f"{num(ep.get('seconds')) or 0.0:.1f}",
         "tokens": f"{tokens_in} / {tokens_out}" if tokens_in or tokens_out else "-",
         "extra": [_cell(key, ep.get(key)) for key, _title in optional],
-        "reason": brief(text(ep.get("reason"))), "anchor": ep.anchor,
+        "reason": head(text(ep.get("reason")), 160), "anchor": ep.anchor,
     }
 
 
