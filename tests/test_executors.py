@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from runner.app.agents import AgentChoice
-from runner.app.bench import matrix
 from runner.app.executors import (
     Executor,
     InProcess,
@@ -25,6 +24,7 @@ from runner.app.executors import (
     auto_jobs,
     host_cores,
 )
+from runner.app.plan import matrix
 from runner.core.outcomes import AgentKind
 from runner.core.paths import repo_root
 

@@ -11,6 +11,7 @@ nothing is added to the page, the title stays the report's.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import time
@@ -57,7 +58,12 @@ def _report(capsys: pytest.CaptureFixture[str], *args: str) -> Path:
 def _bench(run_dir: Path, ids: list[str]) -> list:  # type: ignore[type-arg]
     scenarios = pick_ids(load_specs([repo_root() / "specs"]), ids)
     return run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,
-                     record_to=ORACLE, record_mode=RecordMode.ONCE)
+                     record_to=ORACLE, record_mode=RecordMode.ONCE, listeners=[_refresher(run_dir)])
+
+
+def _refresher(run_dir: Path) -> html_report.Refresher:
+    """The report as the CLI hands it to a bench: a listener (the bench never imports it)."""
+    return html_report.Refresher(run_dir, logging.getLogger("rootbench.bench"))
 
 
 def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_it(
@@ -72,7 +78,7 @@ def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_i
     run_dir = tmp_path / "run"
     with caplog.at_level("INFO", logger="rootbench.bench"), pytest.raises(InvalidInput):
         run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(), run_dir,
-                  record_to=record, record_mode=RecordMode.ONCE)
+                  record_to=record, record_mode=RecordMode.ONCE, listeners=[_refresher(run_dir)])
     page = (run_dir / "report.html").read_text()
     assert "rogue-port-80" in page and "permission-403" not in page
     assert f"report (refreshed at most every 10 s, and at the end): {run_dir / 'report.html'}" \

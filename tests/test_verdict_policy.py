@@ -21,8 +21,8 @@ from flag_guest import FlagGuest
 
 from runner.app import html_report
 from runner.app.atif import export
-from runner.app.bench import climbs
 from runner.app.episodes import RunOptions, header
+from runner.app.plan import climbs
 from runner.app.replay import replay_one
 from runner.app.report import junit_xml, render_table, statistics_table, summary_line
 from runner.app.runs import load_results, write_results

@@ -4,29 +4,37 @@ One episode's infrastructure failure never stops the bench: it is recorded
 as ``infra-error`` and the next scenario runs. See :mod:`runner.app.runs`
 for the run directory's layout.
 
-A bench may be a matrix: several :class:`Arm` (model x protocol x hint level)
-over the same scenarios and rounds, into one run directory, one model server
-at a time. Episodes run through an executor (:mod:`runner.app.executors`):
-one at a time in this process, N at once in child processes, or as Ray tasks;
-whichever it is, only this driver writes the run directory, after each
-episode, in a stable order.
+A bench may be a matrix: several :class:`~runner.app.plan.Arm` (model x
+protocol x hint level) over the same scenarios and rounds, into one run
+directory, one model server at a time. What runs next and what is already
+done is the plan's (:mod:`runner.app.plan`, no VM, no model); episodes run
+through an executor (:mod:`runner.app.executors`: one at a time in this
+process, N at once in child processes, or as Ray tasks) fed by the one
+driver loop (:mod:`runner.app.driver`); whichever it is, only this process
+writes the run directory, after each episode, in a stable order. What
+happened is told to listeners (:mod:`runner.app.events`): the results files,
+the progress lines, ``--record-to``'s copies, and from the CLI the HTML
+report, so running never imports reporting.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
-from runner.app import html_report
 from runner.app.agents import AgentChoice, ModelProvider
+from runner.app.driver import Job, drive
 from runner.app.episodes import EpisodeJob, JobResult, RunOptions, run_job
-from runner.app.executors import Executor, InProcess, WorkerLost
+from runner.app.events import BenchListener, Step
+from runner.app.executors import Done, Executor, InProcess, WorkerLost
+from runner.app.plan import Arm, BenchPlan, Key, Round
 from runner.app.progress import Eta
 from runner.app.replay import replay_one
 from runner.app.runs import atomic_write, load_results, slug, write_results
@@ -63,20 +71,6 @@ def _prepare_sandboxes(images: list[str], opts: RunOptions) -> None:
                         image, one_line(str(exc)))
 
 
-def levels(scenario: Scenario, opts: RunOptions) -> list[int]:
-    """The hint levels a scenario may run at, in order: the ladder climbs them one failure at a
-    time; otherwise it is the one level asked for, capped at the hints the scenario has."""
-    if opts.ladder:
-        return list(range(len(scenario.hints) + 1))
-    return [min(opts.hints, len(scenario.hints))]
-
-
-def climbs(ep: Episode, opts: RunOptions) -> bool:
-    """Whether the ladder goes on to the next level after ``ep``: only after a plain failure
-    (an infra-error or invalid scenario says nothing about how much help the model needs)."""
-    return opts.ladder and ep.verdict is Verdict.FAIL
-
-
 def _from_recording(round_: int, level: int, recorded: Path,
                     cassette: Path, protocol: str = "auto") -> Episode:
     """``--record-mode once|none``: the episode replayed offline from its recorded cassette.
@@ -111,44 +105,11 @@ def _from_recording(round_: int, level: int, recorded: Path,
     return ep
 
 
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """One cell of a bench's matrix: who acts, the protocol asked for, the hint level asked for.
-
-    ``label`` names the cell in results (``Episode.arm``), in the cassette
-    folder (``cassettes/<label>/``) and in the tables; it is None when the
-    bench has only this one cell, whose run directory looks as it always did.
-    """
-
-    choice: AgentChoice
-    protocol: str = "auto"
-    hints: int = 0
-    label: str | None = None
-
-
-def matrix(choices: list[AgentChoice], protocols: list[str], hints: list[int]) -> list[Arm]:
-    """Every model x protocol x hint level, in the order given, without repeats; one arm: unlabelled."""
-    cells: list[tuple[AgentChoice, str, int]] = []
-    for c in choices:
-        for p in protocols:
-            for h in hints:
-                if (c, p, h) not in cells:
-                    cells.append((c, p, h))
-    if len(cells) == 1:
-        c, p, h = cells[0]
-        return [Arm(c, p, h)]
-    several_hints = len({h for _c, _p, h in cells}) > 1
-    return [Arm(c, p, h, slug(f"{c.label()}-{p}" + (f"-h{h}" if several_hints else "")))
-            for c, p, h in cells]
-
-
-Key = tuple[str | None, str, int, int]  # (arm, scenario, round, hint level): one episode, one cassette
-
-
 def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, run_dir: Path,
               *, resume: bool = False, retry_infra: int = 0, record_to: Path | None = None,
               record_mode: RecordMode = RecordMode.ALL, arms: list[Arm] | None = None,
-              executor: Executor | None = None) -> list[Episode]:
+              executor: Executor | None = None,
+              listeners: Sequence[BenchListener] = ()) -> list[Episode]:
     """Run every scenario ``opts.repeat`` times for every arm; results are on disk after each one.
 
     With ``record_to``, every cassette is also copied there. ``record_mode``
@@ -158,18 +119,22 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
 
     Each round runs at its arm's hint level (capped per scenario), or with
     ``opts.ladder`` at level 0 and then one level higher after each failure,
-    until a pass or the last hint: every step is its own episode.
+    until a pass or the last hint: every step is its own episode
+    (:class:`~runner.app.plan.BenchPlan` says which).
 
     ``arms`` (default: ``choice`` with ``opts.protocol`` and ``opts.hints``)
     are run one model at a time: each model's server starts once, for all its
     protocols. ``executor`` (default: one episode at a time, here) runs the
-    episodes; the caller owns it (and closes it).
+    episodes; the caller owns it (and closes it). ``listeners`` are told each
+    episode's start and end and the bench's end, after the bench's own (the
+    results files, ``record_to``'s copies, the progress lines): the CLI adds
+    the HTML report there.
     """
     arms = list(arms) if arms else [Arm(choice, opts.protocol, opts.hints)]
     _, done = load_results(run_dir) if resume else ({}, [])
     if resume:
         _same_arms(run_dir, arms)
-    plan = _Plan(scenarios, arms, opts, done, record_to, record_mode)
+    plan = BenchPlan(scenarios, arms, opts, done, record_to, record_mode)
     plan.check(resume)  # before anything is made: a refused bench leaves no run directory
     executor = executor if executor is not None else InProcess()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,121 +147,96 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
                          "hints": a.hints} for a in arms]
     if not resume:
         atomic_write(run_dir / layout.RUN_INFO, json.dumps(info, indent=2) + "\n")
-    episodes, wanted, arm_opts = plan.episodes, plan.wanted, plan.arm_opts
-    recorded, next_step = plan.recorded, plan.next_step
-    position = {(a.label, s.id, r): i for i, (a, s, r) in enumerate(wanted)}
-
-    def ordered() -> list[Episode]:
-        # Stable order: as asked (arm by arm, round by round, scenarios as given, levels up);
-        # anything else after.
-        return sorted(episodes.values(),
-                      key=lambda e: (position.get((e.arm, e.scenario, e.round), len(position)),
-                                     e.arm or "", e.scenario, e.round, e.hint_level))
-
-    def todo(group: list[Arm], attempt: int) -> list[tuple[Arm, Scenario, int]]:
-        """Rounds with a step still to do: a missing one, and on a retry (or a resume) an infra-error."""
-        retry = attempt > 0 or resume
-        return [(a, s, r) for a, s, r in wanted
-                if a in group and next_step(a, s, r, retry) is not None]
-
-    def live(group: list[Arm]) -> list[tuple[Arm, Scenario, int]]:
-        return [(a, s, r) for a, s, r in todo(group, 0)
-                if recorded(a, s, r, next_step(a, s, r, resume) or 0) is None]
+    told: list[BenchListener] = [_ResultsFile(run_dir, info, plan)]
+    if record_to is not None:
+        told.append(_RecordTo(record_to))
+    told += [_Progress(executor.slots), *listeners]
 
     if not executor.remote:  # a Ray node builds its own images and snapshots
         with signals_raise():
-            _prepare_sandboxes(sorted({s.image for _a, s, _r in live(arms)}), opts)
-    models: list[AgentChoice] = []
-    for a in arms:
-        if a.choice not in models:
-            models.append(a.choice)
-    # Refreshed at most every REFRESH_SECONDS during the bench (a full rewrite per episode
-    # costs quadratic time over a long bench), after the first episode, and always at the end.
-    report = html_report.Refresher(run_dir, log)
+            _prepare_sandboxes(sorted({rd.scenario.image for rd in plan.live(None, resume)}), opts)
+    models = plan.models()
     try:
         for model in models:
-            group = [a for a in arms if a.choice == model]
-            needed = live(group)
+            needed = plan.live(model, resume)
             # Scripted agents start nothing; a model server only when some step must run live.
             scripted = model.kind is not AgentKind.MODEL
             serve = model if needed or scripted else dataclasses.replace(model, kind=AgentKind.NOOP)
             with signals_raise(), executor.provider(serve, run_dir,
                                                     log_label=slug(model.label()) if len(models) > 1
                                                     else None) as provider, executor.cancelling():
+                group = [a for a in arms if a.choice == model]
                 protocols = {a.label: provider.protocol(a.protocol) for a in group}
                 if needed:
                     for a in group:
                         log.info("%sprotocol %s: %s", f"{a.label}: " if a.label else "",
                                  protocols[a.label][0].name, protocols[a.label][1])
                 for attempt in range(retry_infra + 1):
-                    runs = todo(group, attempt)
-                    if attempt > 0 and not runs:
+                    retry = attempt > 0 or resume  # a retry (or a resume) runs infra-errors again
+                    rounds = plan.todo(model, retry)
+                    if attempt > 0 and not rounds:
                         break
                     if attempt > 0:
-                        log.info("retrying %d infra-error run(s), try %d", len(runs), attempt)
-                    _drive(runs, attempt > 0 or resume, next_step, recorded, provider, protocols,
-                           arm_opts, executor, run_dir, record_to, episodes,
-                           lambda: write_results(run_dir, info, ordered()), report)
+                        log.info("retrying %d infra-error run(s), try %d", len(rounds), attempt)
+                    _Rounds(plan, provider, protocols, executor, run_dir, told, retry).run(rounds)
     except BaseException:
-        report.flush()  # what ended since the last refresh: an interrupted bench has it all
+        ended = plan.ordered()
+        for listener in told:  # what ended since the last refresh: an interrupted bench has it all
+            listener.bench_ended(ended, interrupted=True)
         raise
-    write_results(run_dir, info, ordered())
-    path = report.final()
-    if path is not None:
-        log.info("report: %s", path)
-    return ordered()
+    episodes = plan.ordered()
+    for listener in told:
+        listener.bench_ended(episodes, interrupted=False)
+    return episodes
 
 
-class _Plan:
-    """What a bench must do, from what it asks and what is already done (on a resume).
+class _ResultsFile(BenchListener):
+    """results.json and results.xml, rewritten after every episode: nothing ended is ever lost."""
 
-    Built before anything runs, so everything that can refuse a bench (a
-    missing recording under ``--record-mode none``) does so before any work.
-    """
+    def __init__(self, run_dir: Path, info: dict[str, Any], plan: BenchPlan) -> None:
+        self.run_dir, self.info, self.plan = run_dir, info, plan
 
-    def __init__(self, scenarios: list[Scenario], arms: list[Arm], opts: RunOptions,
-                 done: list[Episode], record_to: Path | None, record_mode: RecordMode) -> None:
-        self.episodes: dict[Key, Episode] = {(e.arm, e.scenario, e.round, e.hint_level): e
-                                             for e in done}
-        self.wanted = [(a, s, r) for a in arms for r in range(opts.repeat) for s in scenarios]
-        self.arm_opts = {a.label: dataclasses.replace(opts, protocol=a.protocol, hints=a.hints)
-                         for a in arms}
-        self.record_to, self.record_mode = record_to, record_mode
+    def episode_finished(self, step: Step, episode: Episode) -> None:
+        write_results(self.run_dir, self.info, self.plan.ordered())
 
-    def recorded(self, a: Arm, s: Scenario, r: int, level: int) -> Path | None:
-        """The cassette in ``record_to`` this run would be replayed from (round 0 at level 0 may be
-        ``<id>.jsonl``, as ``verify`` names its oracle cassettes)."""
-        if self.record_to is None or self.record_mode is RecordMode.ALL:
-            return None
-        folder = layout.arm_folder(self.record_to, a.label)
-        names = layout.recorded_names(s.id, r, level)
-        return next((folder / n for n in names if (folder / n).is_file()), None)
+    def bench_ended(self, episodes: list[Episode], *, interrupted: bool) -> None:
+        if not interrupted:  # an interrupted bench's results are already written, episode by episode
+            write_results(self.run_dir, self.info, episodes)
 
-    def needs(self, key: Key, retry: bool) -> bool:
-        return key not in self.episodes or (retry and
-                                             self.episodes[key].verdict is Verdict.INFRA_ERROR)
 
-    def next_step(self, a: Arm, s: Scenario, r: int, retry: bool) -> int | None:
-        """The level this round must run next, walking its ladder over what is done; None: done."""
-        for level in levels(s, self.arm_opts[a.label]):
-            key = (a.label, s.id, r, level)
-            if self.needs(key, retry):
-                return level
-            if not climbs(self.episodes[key], self.arm_opts[a.label]):
-                return None
-        return None
+class _RecordTo(BenchListener):
+    """``--record-to``: each cassette run live is copied into the recordings folder as it ends."""
 
-    def check(self, resume: bool) -> None:
-        """``--record-mode none`` needs a recording for every step still to run."""
-        if self.record_mode is not RecordMode.NONE:
+    def __init__(self, record_to: Path) -> None:
+        self.record_to = record_to
+
+    def episode_finished(self, step: Step, episode: Episode) -> None:
+        if step.replayed or not episode.cassette or not Path(episode.cassette).is_file():
             return
-        missing = [f"{(a.label + ' ') if a.label else ''}{s.id} (round {r + 1})"
-                   for a, s, r in self.wanted
-                   if (lv := self.next_step(a, s, r, resume)) is not None
-                   and self.recorded(a, s, r, lv) is None]
-        if self.record_to is None or missing:
-            raise InvalidInput(f"--record-mode none needs a cassette for every run; missing: "
-                               f"{', '.join(missing[:5]) or 'no --record-to'}", field="--record-mode")
+        folder = layout.arm_folder(self.record_to, step.arm)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(episode.cassette, folder / Path(episode.cassette).name)
+
+
+class _Progress(BenchListener):
+    """The progress lines: "3/29 scenario (about 12 min left)" as a step starts, its verdict as it
+    ends. Only live episodes count towards the estimate (a replay takes no time)."""
+
+    def __init__(self, slots: int) -> None:
+        self.eta = Eta(slots)
+
+    def episode_started(self, step: Step) -> None:
+        log.info("%d/%d %s (%s)", step.index, step.total, step.tag, self.eta.left(step.remaining))
+        if not step.replayed:
+            self.eta.started(step.key)
+
+    def episode_finished(self, step: Step, episode: Episode) -> None:
+        if not step.replayed:
+            self.eta.finished(step.key)
+        how = " (replayed from its recording)" if step.replayed else ""
+        log.info("%s: %s in %.1fs%s%s", step.tag, episode.verdict, episode.seconds, how,
+                 f" ({one_line(episode.reason, 120)})" if episode.verdict is not Verdict.PASS
+                 else "")
 
 
 def check_bench(scenarios: list[Scenario], arms: list[Arm], opts: RunOptions, *,
@@ -310,7 +250,7 @@ def check_bench(scenarios: list[Scenario], arms: list[Arm], opts: RunOptions, *,
         _same_arms(resume, arms)
         same_agent(resume, arms, opts)
         done = load_results(resume)[1]
-    _Plan(scenarios, arms, opts, done, record_to, record_mode).check(resume is not None)
+    BenchPlan(scenarios, arms, opts, done, record_to, record_mode).check(resume is not None)
 
 
 def _run_json(run_dir: Path) -> dict[str, Any]:
@@ -402,83 +342,69 @@ def _same_arms(run_dir: Path, arms: list[Arm]) -> None:
                            f"{', '.join(now) or 'one arm'})", path=str(run_dir), field="--resume")
 
 
-def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
-           next_step: Callable[[Arm, Scenario, int, bool], int | None],
-           recorded: Callable[[Arm, Scenario, int, int], Path | None], provider: ModelProvider,
-           protocols: dict[str | None, tuple[Protocol, str]], arm_opts: dict[str | None, RunOptions],
-           executor: Executor, run_dir: Path, record_to: Path | None,
-           episodes: dict[Key, Episode], save: Callable[[], None],
-           report: html_report.Refresher) -> None:
-    """Run ``runs`` (each a round's chain of hint levels) through ``executor``, keeping
-    ``executor.slots`` episodes going, and record each episode here, in the driver, as it ends.
+class _Rounds:
+    """One pass over a model's rounds: each step replayed here from its recording
+    (``--record-mode once``) or submitted to the executor through :func:`~runner.app.driver.drive`,
+    a ladder's next level as soon as the level before it failed, every ending told to the
+    listeners here, in the driver."""
 
-    Recorded steps (``--record-mode once``) are replayed here at once; a
-    ladder's next level is submitted when the level before it fails; ``report`` is told of
-    each episode that ends (it rewrites the report when one is due).
-    """
-    pending = [(i, a, s, r) for i, (a, s, r) in enumerate(runs, 1)]
-    in_flight: dict[Key, tuple[EpisodeJob, int, str, Arm, Scenario]] = {}
-    eta = Eta(executor.slots)  # the progress line's estimate of the time left
+    def __init__(self, plan: BenchPlan, provider: ModelProvider,
+                 protocols: dict[str | None, tuple[Protocol, str]], executor: Executor,
+                 run_dir: Path, listeners: list[BenchListener], retry: bool) -> None:
+        self.plan, self.provider, self.protocols = plan, provider, protocols
+        self.executor, self.run_dir, self.listeners, self.retry = executor, run_dir, listeners, retry
+        self.in_flight: dict[Key, tuple[EpisodeJob, int, Round, Step]] = {}
+        self.total = self.unstarted = 0
 
-    def tag_of(a: Arm, s: Scenario, r: int, level: int) -> str:
-        return ((f"{a.label}: " if a.label else "") + s.id
-                + (f" (round {r + 1})" if arm_opts[a.label].repeat > 1 else "")
-                + (f" (hint level {level})" if level else ""))
+    def run(self, rounds: list[Round]) -> None:
+        """Run ``rounds`` (each a chain of hint levels), ``executor.slots`` episodes at once."""
+        self.total = self.unstarted = len(rounds)
+        drive(self.executor, [functools.partial(self._start, i, rd)
+                              for i, rd in enumerate(rounds, 1)], self._done)
 
-    def finish(key: Key, ep: Episode, replayed: bool, tag: str, a: Arm) -> None:
-        episodes[key] = ep
-        save()
-        first = report.writes == 0
-        path = report.done()
-        if path is not None and first:
-            log.info("report (refreshed at most every %g s, and at the end): %s", report.every, path)
-        if record_to is not None and not replayed and ep.cassette and Path(ep.cassette).is_file():
-            folder = layout.arm_folder(record_to, a.label)
-            folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ep.cassette, folder / Path(ep.cassette).name)
-        how = " (replayed from its recording)" if replayed else ""
-        log.info("%s: %s in %.1fs%s%s", tag, ep.verdict, ep.seconds, how,
-                 f" ({one_line(ep.reason, 120)})" if ep.verdict is not Verdict.PASS else "")
+    def _start(self, index: int, rd: Round) -> Job | None:
+        self.unstarted -= 1
+        return self._advance(index, rd)
 
-    def advance(i: int, a: Arm, s: Scenario, r: int) -> None:
-        """Replay or submit this round's next step (replays go on to the step after)."""
-        while (level := next_step(a, s, r, retry)) is not None:
-            key = (a.label, s.id, r, level)
-            tag = tag_of(a, s, r, level)
-            # Still to finish: this round, those running, those not started.
-            log.info("%d/%d %s (%s)", i, len(runs), tag,
-                     eta.left(1 + len(pending) + len(in_flight)))
-            cassette = layout.cassette_path(run_dir, s.id, r, level, a.label)
-            source = recorded(a, s, r, level)
+    def _advance(self, index: int, rd: Round) -> Job | None:
+        """Replay this round's next steps while they are recorded; the first one that must run
+        live is returned as the job to submit (None: the round is done)."""
+        opts = self.plan.arm_opts[rd.arm.label]
+        while (level := self.plan.next_step(rd, self.retry)) is not None:
+            source = self.plan.recorded(rd, level)
+            tag = ((f"{rd.arm.label}: " if rd.arm.label else "") + rd.scenario.id
+                   + (f" (round {rd.number + 1})" if opts.repeat > 1 else "")
+                   + (f" (hint level {level})" if level else ""))
+            # Still to finish: this step, those running, the rounds not started.
+            step = Step(rd.arm.label, rd.scenario.id, rd.number, level, tag, index, self.total,
+                        1 + self.unstarted + len(self.in_flight), replayed=source is not None)
+            for listener in self.listeners:
+                listener.episode_started(step)
+            cassette = layout.cassette_path(self.run_dir, rd.scenario.id, rd.number, level,
+                                            rd.arm.label)
             if source is not None:
-                ep = _from_recording(r, level, source, cassette, a.protocol)
-                ep.arm = a.label
-                finish(key, ep, True, tag, a)
+                ep = _from_recording(rd.number, level, source, cassette, rd.arm.protocol)
+                ep.arm = rd.arm.label
+                self._finish(step, ep)
                 if ep.verdict is Verdict.INFRA_ERROR:
-                    return
+                    return None
                 continue
-            protocol, reason = protocols[a.label]
-            job = EpisodeJob(s, provider.for_scenario(s, r, protocol.name), protocol.name, reason,
-                             arm_opts[a.label], cassette, r, level, a.label, ship=executor.remote)
-            executor.submit(key, run_job, (job,),
-                            timeout=2 * s.budget.seconds + executor.setup_slack)
-            in_flight[key] = (job, i, tag, a, s)
-            eta.started(key)
-            return
+            protocol, reason = self.protocols[rd.arm.label]
+            job = EpisodeJob(rd.scenario, self.provider.for_scenario(rd.scenario, rd.number,
+                                                                     protocol.name),
+                             protocol.name, reason, opts, cassette, rd.number, level,
+                             rd.arm.label, ship=self.executor.remote)
+            self.in_flight[step.key] = (job, index, rd, step)
+            return Job(step.key, run_job, (job,),
+                       timeout=2 * rd.scenario.budget.seconds + self.executor.setup_slack)
+        return None
 
-    while pending or in_flight:
-        while pending and executor.free():
-            advance(*pending.pop(0))
-        if not in_flight:
-            continue
-        done = executor.next_done(1.0)
-        if done is None:
-            continue
-        key = cast(Key, done.key)  # the executor hands back the key it was given in submit()
-        job, i, tag, a, s = in_flight.pop(key)
-        eta.finished(key)
+    def _done(self, done: Done) -> Job | None:
+        """A submitted episode came back: record it, then the ladder's next level, if it climbs."""
+        key = cast(Key, done.key)  # the key given with the job
+        job, index, rd, step = self.in_flight.pop(key)
         if isinstance(done.error, WorkerLost):
-            log.warning("%s: %s", tag, one_line(str(done.error)))
+            log.warning("%s: %s", step.tag, one_line(str(done.error)))
             ep = job.lost(str(done.error))
         elif done.error is not None:
             raise done.error
@@ -487,6 +413,12 @@ def _drive(runs: list[tuple[Arm, Scenario, int]], retry: bool,
             ep = result.episode
             if result.cassette_text is not None:
                 atomic_write(job.cassette, result.cassette_text)
-        finish(key, ep, False, tag, a)
-        if ep.verdict is not Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
-            advance(i, a, s, job.round)  # the ladder's next level, if it climbs
+        self._finish(step, ep)
+        if ep.verdict is Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
+            return None
+        return self._advance(index, rd)
+
+    def _finish(self, step: Step, ep: Episode) -> None:
+        self.plan.record(step.key, ep)
+        for listener in self.listeners:
+            listener.episode_finished(step, ep)

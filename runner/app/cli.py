@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from runner import __version__
 from runner.app import atif, html_report, logs, mcp_server
@@ -32,13 +33,15 @@ from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
 from runner.app.agent_api import AgentRef
 from runner.app.agent_api import resolve as resolve_agent
 from runner.app.agents import AgentChoice
-from runner.app.bench import Arm, check_bench, matrix, resume_scenarios, run_bench
+from runner.app.bench import check_bench, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
 from runner.app.cliparse import Parser, UsageError
 from runner.app.compare import compare_runs, render_comparisons
+from runner.app.driver import Job, Start, drive
 from runner.app.episodes import RunOptions
 from runner.app.executors import (
     MAX_JOBS,
+    Done,
     Executor,
     ExecutorKind,
     WorkerLost,
@@ -47,6 +50,7 @@ from runner.app.executors import (
 )
 from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
+from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
@@ -575,7 +579,9 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
                              retry_infra=args.retry_infra,
                              record_to=Path(args.record_to) if args.record_to else None,
                              record_mode=RecordMode(args.record_mode), arms=arms,
-                             executor=executor)
+                             executor=executor,
+                             listeners=[html_report.Refresher(run_dir,
+                                                              logging.getLogger("rootbench.bench"))])
     _out(render_table(episodes, args.format, ladder=args.ladder))
     if args.format != "json" and (args.repeat > 1 or args.ladder):
         _out("")
@@ -712,43 +718,45 @@ def cmd_verify(args: argparse.Namespace) -> int:
         vlog.info("--jobs auto: %s", why)
     found: dict[int, Verification] = {}
     shortcuts: dict[tuple[int, int], ShortcutRun] = {}
+    def gathered(done: Done) -> None:
+        if done.error is not None and not isinstance(done.error, WorkerLost):
+            raise done.error
+        if isinstance(done.key, tuple):
+            i, j = done.key
+            sc = scenarios[i].shortcuts[j]
+            shortcuts[(i, j)] = done.value if done.error is None else ShortcutRun(
+                sc.name, sc.kind.value, None, "infra-error",
+                f"infrastructure: {one_line(str(done.error))}")
+            return
+        at = cast(int, done.key)  # the int key given with the scenario's job
+        v = done.value if done.error is None else Verification(
+            scenarios[at].id, problems=[f"infrastructure: {one_line(str(done.error))}"])
+        vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
+                  scenarios[at].id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
+                  else "INVALID: " + "; ".join(v.problems), v.seconds)
+        found[at] = v
+
     # The bench's machinery: one scenario's noop and oracle checks per job, and one job per
     # shortcut, at most `jobs` at once (each in a child process of its own when there are
-    # several), results gathered here in order.
+    # several), through the bench's own driver loop; results gathered here in order.
     with signals_raise(), make_local(jobs) as pool, pool.cancelling():
+        work: list[Start] = []
         for i, s in enumerate(scenarios):
             check = functools.partial(verify_repeated, accel=args.accel,
                                       transport=args.transport, record_to=record_to)
-            pool.submit(i, check, (s, run_dir, args.repeat),
-                        timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack))
+            work.append(functools.partial(
+                Job, i, check, (s, run_dir, args.repeat),
+                timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack)))
             for j in range(len(s.shortcuts)):
                 if args.shortcuts == "recorded":
                     shortcuts[(i, j)] = recorded_shortcut(s, j, Path(args.shortcuts_from))
                     continue
                 one = functools.partial(verify_shortcut, accel=args.accel,
                                         transport=args.transport, record_to=record_to)
-                pool.submit((i, j), one, (s, j, run_dir, args.repeat),
-                            timeout=args.repeat * (2 * s.budget.seconds + pool.setup_slack))
-        while pool.busy:
-            done = pool.next_done(1.0)
-            if done is None:
-                continue
-            if done.error is not None and not isinstance(done.error, WorkerLost):
-                raise done.error
-            if isinstance(done.key, tuple):
-                i, j = done.key
-                sc = scenarios[i].shortcuts[j]
-                shortcuts[(i, j)] = done.value if done.error is None else ShortcutRun(
-                    sc.name, sc.kind.value, None, "infra-error",
-                    f"infrastructure: {one_line(str(done.error))}")
-                continue
-            s = scenarios[int(done.key)]  # type: ignore[call-overload]  # the int key submitted
-            v = done.value if done.error is None else Verification(
-                s.id, problems=[f"infrastructure: {one_line(str(done.error))}"])
-            vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
-                      s.id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
-                      else "INVALID: " + "; ".join(v.problems), v.seconds)
-            found[int(done.key)] = v  # type: ignore[call-overload]  # the int key submitted
+                work.append(functools.partial(
+                    Job, (i, j), one, (s, j, run_dir, args.repeat),
+                    timeout=args.repeat * (2 * s.budget.seconds + pool.setup_slack)))
+        drive(pool, work, gathered)
     results = [found[i] for i in range(len(scenarios))]
     for i, (s, v) in enumerate(zip(scenarios, results, strict=True)):
         add_shortcuts(v, [shortcuts[(i, j)] for j in range(len(s.shortcuts))])

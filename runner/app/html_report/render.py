@@ -29,6 +29,7 @@ import jinja2
 import markupsafe
 
 from runner import __version__
+from runner.app.events import BenchListener, Step
 from runner.app.html_report.fields import text
 from runner.app.html_report.plots import plots
 from runner.app.html_report.view import RunView, load_run_arms, page, runs_from_cassettes
@@ -36,6 +37,7 @@ from runner.app.outputs import write_error
 from runner.app.runs import atomic_write
 from runner.app.signals import Interrupted
 from runner.core import layout
+from runner.core.episode import Episode
 from runner.core.text import one_line
 
 REPORT_NAME = layout.REPORT
@@ -184,8 +186,9 @@ def refresh(run_dir: Path | str, logger: logging.Logger, *,
 REFRESH_SECONDS = 10.0  # during a bench, the report is rewritten at most this often
 
 
-class Refresher:
-    """A bench's report, kept fresh without paying for it after every episode.
+class Refresher(BenchListener):
+    """A bench's report, kept fresh without paying for it after every episode: a listener the
+    CLI hands the bench (:mod:`runner.app.events`), so the bench never imports the report.
 
     Rendering reads every cassette of the run and draws every plot, so
     rewriting the report after each of N episodes costs O(N²). ``done`` after
@@ -202,6 +205,24 @@ class Refresher:
         self.last: float | None = None  # when the last write ended
         self.pending = False  # an episode ended since then
         self.writes = 0
+
+    def episode_finished(self, step: Step, episode: Episode) -> None:
+        """The bench's event: the report is rewritten when due; the first time, its path said."""
+        first = self.writes == 0
+        path = self.done()
+        if path is not None and first:
+            self.logger.info("report (refreshed at most every %g s, and at the end): %s",
+                             self.every, path)
+
+    def bench_ended(self, episodes: list[Episode], *, interrupted: bool) -> None:
+        """The bench's event: at the end, always rewritten; on an interruption, only if an episode
+        ended since the last write (an interrupted bench's report has every episode that ended)."""
+        if interrupted:
+            self.flush()
+            return
+        path = self.final()
+        if path is not None:
+            self.logger.info("report: %s", path)
 
     def done(self) -> Path | None:
         """An episode ended: the report's path when it was rewritten now, else None."""

@@ -1,0 +1,183 @@
+"""The bench's plan and its driver loop, without a VM or a model (runner.app.plan, runner.app.driver).
+
+What runs next, what is replayed, what is done and in which order results
+are written is a plain object: these tests build it from the bundled specs
+and hand-made episodes. The driver is fed real executors: the in-process
+one and a pool of child processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.app.agents import AgentChoice
+from runner.app.driver import Job, Start, drive
+from runner.app.episodes import RunOptions
+from runner.app.executors import Done, InProcess, ProcessPool
+from runner.app.plan import Arm, BenchPlan, Round, levels, matrix
+from runner.core import layout
+from runner.core.cassette import RecordMode
+from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
+from runner.core.outcomes import AgentKind, Verdict
+from runner.core.paths import default_spec_dirs
+from runner.core.selection import pick_ids
+from runner.core.spec import Scenario, load_specs
+
+ORACLE = AgentChoice(kind=AgentKind.ORACLE)
+
+
+def _scenarios(*ids: str) -> list[Scenario]:
+    return pick_ids(load_specs(default_spec_dirs()), list(ids))
+
+
+def _ended(rd: Round, level: int, verdict: Verdict) -> Episode:
+    return Episode(rd.scenario.id, AgentKind.ORACLE, "", "json", round=rd.number, verdict=verdict,
+                   hint_level=level, arm=rd.arm.label)
+
+
+def test_a_ladder_climbs_after_each_failure_and_stops_at_a_pass() -> None:
+    [s] = _scenarios("rogue-port-80")
+    assert len(s.hints) >= 2
+    plan = BenchPlan([s], [Arm(ORACLE)], RunOptions(ladder=True), [])
+    [rd] = plan.rounds
+    assert levels(s, RunOptions(ladder=True)) == list(range(len(s.hints) + 1))
+    assert plan.next_step(rd, retry=False) == 0
+    plan.record(rd.key(0), _ended(rd, 0, Verdict.FAIL))
+    assert plan.next_step(rd, retry=False) == 1
+    plan.record(rd.key(1), _ended(rd, 1, Verdict.PASS))
+    assert plan.next_step(rd, retry=False) is None
+    assert plan.todo(None, retry=False) == []
+
+
+def test_an_infra_error_does_not_climb_and_runs_again_only_on_a_retry() -> None:
+    [s] = _scenarios("rogue-port-80")
+    plan = BenchPlan([s], [Arm(ORACLE)], RunOptions(ladder=True), [])
+    [rd] = plan.rounds
+    plan.record(rd.key(0), _ended(rd, 0, Verdict.FAIL))
+    plan.record(rd.key(1), _ended(rd, 1, Verdict.INFRA_ERROR))
+    assert plan.next_step(rd, retry=False) is None  # says nothing about the help needed
+    assert plan.next_step(rd, retry=True) == 1  # --retry-infra or a resume: that level again
+    assert plan.todo(None, retry=True) == [rd]
+
+
+def test_without_the_ladder_a_round_is_one_episode_at_its_capped_level() -> None:
+    [s] = _scenarios("rogue-port-80")
+    plan = BenchPlan([s], [Arm(ORACLE, hints=99)], RunOptions(hints=99), [])
+    [rd] = plan.rounds
+    assert plan.next_step(rd, retry=False) == len(s.hints)
+    plan.record(rd.key(len(s.hints)), _ended(rd, len(s.hints), Verdict.FAIL))
+    assert plan.next_step(rd, retry=False) is None  # a failure ends it: no ladder
+
+
+def test_rounds_come_arm_by_arm_then_round_by_round_then_as_given() -> None:
+    a, b = _scenarios("rogue-port-80", "permission-403")
+    arms = matrix([ORACLE], ["json", "tools"], [0])
+    plan = BenchPlan([b, a], arms, RunOptions(repeat=2), [])
+    assert [(rd.arm.label, rd.number, rd.scenario.id) for rd in plan.rounds] == [
+        (arms[0].label, 0, b.id), (arms[0].label, 0, a.id), (arms[0].label, 1, b.id),
+        (arms[0].label, 1, a.id), (arms[1].label, 0, b.id), (arms[1].label, 0, a.id),
+        (arms[1].label, 1, b.id), (arms[1].label, 1, a.id)]
+    assert plan.models() == [ORACLE]  # one server for both protocols
+    # results in that order whatever order they ended in; a resume's extra episodes after
+    stray = Episode("gone", AgentKind.ORACLE, "", "json", arm=arms[0].label)
+    done = BenchPlan([b, a], arms, RunOptions(repeat=2), [stray])
+    for rd in reversed(done.rounds):
+        done.record(rd.key(0), _ended(rd, 0, Verdict.PASS))
+    assert [(e.arm, e.round, e.scenario) for e in done.ordered()] == [
+        *((rd.arm.label, rd.number, rd.scenario.id) for rd in plan.rounds),
+        (arms[0].label, 0, "gone")]
+
+
+def test_a_resume_counts_what_is_done(tmp_path: Path) -> None:
+    a, b = _scenarios("rogue-port-80", "permission-403")
+    first = BenchPlan([a, b], [Arm(ORACLE)], RunOptions(), [])
+    rd_a = first.rounds[0]
+    plan = BenchPlan([a, b], [Arm(ORACLE)], RunOptions(), [_ended(rd_a, 0, Verdict.FAIL)])
+    assert [rd.scenario.id for rd in plan.todo(None, retry=True)] == [b.id]
+
+
+def test_recordings_decide_what_is_replayed_and_what_runs_live(tmp_path: Path) -> None:
+    a, b = _scenarios("rogue-port-80", "permission-403")
+    (tmp_path / layout.oracle_cassette_name(a.id)).write_text("{}\n")  # verify's name, level 0
+    (tmp_path / layout.cassette_name(b.id, 0, 1)).write_text("{}\n")  # b only at level 1
+    opts = RunOptions(ladder=True)
+    plan = BenchPlan([a, b], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
+    rd_a, rd_b = plan.rounds
+    assert plan.recorded(rd_a, 0) == tmp_path / f"{a.id}.jsonl"
+    assert plan.recorded(rd_b, 0) is None and plan.recorded(rd_b, 1) is not None
+    assert plan.live(None, retry=False) == [rd_b]  # a's next step is replayed
+    # --record-mode all runs everything live, whatever is recorded
+    everything = BenchPlan([a, b], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ALL)
+    assert everything.live(None, retry=False) == everything.rounds
+    everything.check(resume=False)  # nothing to refuse
+
+
+def test_record_mode_none_is_refused_before_anything_runs_naming_what_is_missing(
+        tmp_path: Path) -> None:
+    a, b = _scenarios("rogue-port-80", "permission-403")
+    (tmp_path / layout.cassette_name(a.id)).write_text("{}\n")
+    plan = BenchPlan([a, b], [Arm(ORACLE)], RunOptions(), [], tmp_path, RecordMode.NONE)
+    with pytest.raises(InvalidInput) as info:
+        plan.check(resume=False)
+    assert info.value.field == "--record-mode"
+    assert f"missing: {b.id} (round 1)" in str(info.value) and f"{a.id} (round" not in str(info.value)
+    nowhere = BenchPlan([a], [Arm(ORACLE)], RunOptions(), [], None, RecordMode.NONE)
+    with pytest.raises(InvalidInput, match=f"missing: {a.id} \\(round 1\\)"):
+        nowhere.check(resume=False)  # no --record-to: nothing is recorded
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_the_driver_runs_in_order_submits_follow_ups_first_and_skips_work_done_in_place() -> None:
+    order: list[object] = []
+
+    def start(key: int) -> Start:
+        def go() -> Job | None:
+            order.append(("start", key))
+            return None if key == 2 else Job(key, _square, (key,), timeout=30)
+        return go
+
+    def on_done(done: Done) -> Job | None:
+        order.append(("done", done.key, done.value))
+        if done.key == 1:  # a ladder's next level: submitted before the work still waiting
+            return Job("1+", _square, (10,), timeout=30)
+        return None
+
+    drive(InProcess(), [start(1), start(2), start(3)], on_done)
+    assert order == [("start", 1), ("done", 1, 1), ("done", "1+", 100), ("start", 2),
+                     ("start", 3), ("done", 3, 9)]
+
+
+def test_the_driver_keeps_every_slot_of_a_pool_busy_and_raises_what_on_done_raises() -> None:
+    seen: dict[object, int] = {}  # key: the pid that ran it
+
+    def on_done(done: Done) -> Job | None:
+        assert done.error is None, done.error
+        seen[done.key] = done.value
+        return None
+
+    with ProcessPool(2) as pool:
+        # os.getpid: a child imports the job's function by name, and this test module is not
+        # importable from a child
+        drive(pool, [functools.partial(Job, k, os.getpid, (), timeout=60) for k in range(4)],
+              on_done)
+    assert set(seen) == {0, 1, 2, 3}
+    assert os.getpid() not in seen.values()  # each ran in a child, not here
+
+    class Stop(Exception):
+        pass
+
+    def refuse(done: Done) -> Job | None:
+        raise Stop(done.key)
+
+    with pytest.raises(Stop), InProcess() as ex:
+        drive(ex, [lambda: Job("x", _square, (2,), timeout=30)], refuse)
