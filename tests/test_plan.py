@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from runner.app.agents import AgentChoice
+from runner.app.bench import run_bench
 from runner.app.driver import Job, Start, drive
 from runner.app.episodes import RunOptions
+from runner.app.events import BenchListener, Step
 from runner.app.executors import Done, InProcess, ProcessPool
 from runner.app.plan import Arm, BenchPlan, Round, levels, matrix
 from runner.core import layout
@@ -29,6 +31,7 @@ from runner.core.selection import pick_ids
 from runner.core.spec import Scenario, load_specs
 
 ORACLE = AgentChoice(kind=AgentKind.ORACLE)
+LIVE_05B = Path(__file__).resolve().parent.parent / "recordings" / "live" / "qwen2.5-coder-0.5b-json"
 
 
 def _scenarios(*ids: str) -> list[Scenario]:
@@ -181,3 +184,47 @@ def test_the_driver_keeps_every_slot_of_a_pool_busy_and_raises_what_on_done_rais
 
     with pytest.raises(Stop), InProcess() as ex:
         drive(ex, [lambda: Job("x", _square, (2,), timeout=30)], refuse)
+
+
+# --- a bench run from recordings: the plan, the driver and the listeners together ---------------
+
+class _Heard(BenchListener):
+    """Everything a bench tells a listener, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Step | None]] = []
+
+    def episode_started(self, step: Step) -> None:
+        self.events.append(("started", step))
+
+    def episode_finished(self, step: Step, episode: Episode) -> None:
+        assert (episode.scenario, episode.round, episode.hint_level) == step.key[1:]
+        self.events.append(("finished", step))
+
+    def bench_ended(self, episodes: list[Episode], *, interrupted: bool) -> None:
+        self.events.append(("interrupted" if interrupted else "ended", None))
+
+
+def test_a_replayed_ladder_tells_its_listeners_each_step_and_estimates_whole_rounds(
+        tmp_path: Path) -> None:
+    # The 0.5B's committed ladder: it fails every level of these three scenarios, so each round is
+    # four episodes, all replayed (--record-mode none: no model server, no VM).
+    ids = ["cron-job-commented", "cron-stopped", "env-wrong-port"]
+    scenarios = _scenarios(*ids)
+    assert all(len(s.hints) == 3 for s in scenarios)
+    model = AgentChoice(kind=AgentKind.MODEL, model="qwen2.5-coder-0.5b")
+    heard = _Heard()
+    episodes = run_bench(scenarios, model, RunOptions(protocol="json", ladder=True),
+                         tmp_path / "run", record_to=LIVE_05B, record_mode=RecordMode.NONE,
+                         listeners=[heard])
+    assert [(e.scenario, e.hint_level) for e in episodes] == [
+        (s, level) for s in ids for level in range(4)]
+    kinds = [kind for kind, _ in heard.events]
+    assert kinds == ["started", "finished"] * 12 + ["ended"]
+    firsts = [step for kind, step in heard.events if kind == "started" and step and step.level == 0]
+    # The estimate's count: before any round ended, a round counts one episode; after the first
+    # ladder ended at four, each round not started counts four.
+    assert [s.remaining for s in firsts] == [1 + 2, 1 + 4, 1]
+    assert all(s.replayed and s.total == 3 for kind, s in heard.events if s is not None)
+    assert (tmp_path / "run" / layout.RESULTS).is_file()
+    assert not (tmp_path / "run" / layout.REPORT).exists()  # the report is a listener the CLI adds

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -355,6 +356,9 @@ class _Rounds:
         self.executor, self.run_dir, self.listeners, self.retry = executor, run_dir, listeners, retry
         self.in_flight: dict[Key, tuple[EpisodeJob, int, Round, Step]] = {}
         self.total = self.unstarted = 0
+        # How many episodes a round takes (a ladder's several): counted over the rounds ended.
+        self.rounds_ended = self.episodes_ended = 0
+        self.steps_so_far: dict[tuple[str | None, str, int], int] = {}  # by (arm, scenario, round)
 
     def run(self, rounds: list[Round]) -> None:
         """Run ``rounds`` (each a chain of hint levels), ``executor.slots`` episodes at once."""
@@ -375,9 +379,8 @@ class _Rounds:
             tag = ((f"{rd.arm.label}: " if rd.arm.label else "") + rd.scenario.id
                    + (f" (round {rd.number + 1})" if opts.repeat > 1 else "")
                    + (f" (hint level {level})" if level else ""))
-            # Still to finish: this step, those running, the rounds not started.
             step = Step(rd.arm.label, rd.scenario.id, rd.number, level, tag, index, self.total,
-                        1 + self.unstarted + len(self.in_flight), replayed=source is not None)
+                        self._remaining(), replayed=source is not None)
             for listener in self.listeners:
                 listener.episode_started(step)
             cassette = layout.cassette_path(self.run_dir, rd.scenario.id, rd.number, level,
@@ -385,9 +388,9 @@ class _Rounds:
             if source is not None:
                 ep = _from_recording(rd.number, level, source, cassette, rd.arm.protocol)
                 ep.arm = rd.arm.label
-                self._finish(step, ep)
+                self._finish(rd, step, ep)
                 if ep.verdict is Verdict.INFRA_ERROR:
-                    return None
+                    break
                 continue
             protocol, reason = self.protocols[rd.arm.label]
             job = EpisodeJob(rd.scenario, self.provider.for_scenario(rd.scenario, rd.number,
@@ -397,7 +400,18 @@ class _Rounds:
             self.in_flight[step.key] = (job, index, rd, step)
             return Job(step.key, run_job, (job,),
                        timeout=2 * rd.scenario.budget.seconds + self.executor.setup_slack)
+        self._round_ended(rd)
         return None
+
+    def _round_ended(self, rd: Round) -> None:
+        self.rounds_ended += 1
+        self.episodes_ended += self.steps_so_far.pop(rd.key(0)[:3], 0)
+
+    def _remaining(self) -> int:
+        """Episodes still to finish, the one starting now included: those running, and the rounds
+        not started times the episodes a round has taken so far (a ladder's round is several)."""
+        per_round = self.episodes_ended / self.rounds_ended if self.rounds_ended else 1.0
+        return 1 + len(self.in_flight) + math.ceil(self.unstarted * per_round)
 
     def _done(self, done: Done) -> Job | None:
         """A submitted episode came back: record it, then the ladder's next level, if it climbs."""
@@ -413,12 +427,15 @@ class _Rounds:
             ep = result.episode
             if result.cassette_text is not None:
                 atomic_write(job.cassette, result.cassette_text)
-        self._finish(step, ep)
+        self._finish(rd, step, ep)
         if ep.verdict is Verdict.INFRA_ERROR:  # a retry (--retry-infra) picks that up
+            self._round_ended(rd)
             return None
         return self._advance(index, rd)
 
-    def _finish(self, step: Step, ep: Episode) -> None:
+    def _finish(self, rd: Round, step: Step, ep: Episode) -> None:
         self.plan.record(step.key, ep)
+        at = rd.key(0)[:3]
+        self.steps_so_far[at] = self.steps_so_far.get(at, 0) + 1
         for listener in self.listeners:
             listener.episode_finished(step, ep)
