@@ -37,12 +37,12 @@ from runner.app.events import BenchListener, Step
 from runner.app.executors import Done, Executor, InProcess, WorkerLost
 from runner.app.plan import Arm, BenchPlan, Key, Round
 from runner.app.progress import Eta
-from runner.app.replay import replay_one
+from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import atomic_write, load_results, slug, write_results
 from runner.app.signals import signals_raise
 from runner.backends.sandbox import Sandbox
 from runner.core import layout
-from runner.core.cassette import Cassette, RecordMode
+from runner.core.cassette import RecordMode
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
@@ -80,12 +80,13 @@ def _from_recording(round_: int, level: int, recorded: Path,
     (score, milestones, fix tracking) is the replay's, so a cassette recorded
     before grading existed is graded too, exactly as a live run would be.
     """
-    outcome = replay_one(recorded, offline=True)
+    replayable = load_replayable(recorded)
+    outcome = replay_loaded(replayable, offline=True)
     if not outcome.same:
         raise InvalidInput(f"the recorded cassette no longer replays to its verdict "
                            f"({outcome.recorded} -> {outcome.replayed}); re-record it",
                            path=str(recorded))
-    loaded = Cassette.load(recorded)
+    loaded = replayable.cassette
     if loaded.head.hint_level != level:
         raise InvalidInput(f"the recorded cassette ran at hint level "
                            f"{loaded.head.hint_level}, this run is at {level}",
