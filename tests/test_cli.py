@@ -58,7 +58,8 @@ def test_list_and_version(cli: Cli) -> None:
     assert cli("--version").stdout.startswith("rootbench ")
 
 
-def test_python_dash_m_runner_is_the_command_line_and_passes_its_exit_status(tmp_path: Path) -> None:
+def test_python_dash_m_runner_is_the_command_line_and_passes_its_exit_status(
+        tmp_path: Path) -> None:
     # A process: the one test of the module entry point (`python -m runner`) every other test skips.
     r = run_cli_process("--version")
     assert r.returncode == 0 and r.stdout.startswith("rootbench "), r.stderr
@@ -101,7 +102,8 @@ def test_replay_reports_a_changed_verdict(cli: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("score", 0.5), ("milestones", []), ("hint_level", 2), ("regressed", True),
     ("fixed_at", None), ("fixed_at", {"turn": 9, "seconds": 1.25})])
-def test_replay_of_the_same_verdict_with_other_grades_is_different(cli: Cli, tmp_path: Path, field: str,
+def test_replay_of_the_same_verdict_with_other_grades_is_different(cli: Cli,
+                                                                   tmp_path: Path, field: str,
                                                                    value: object) -> None:
     """Same verdict, but the recording says another score (or milestones, ...): not "same"."""
     src = ROOT / "recordings" / "oracle" / "rogue-port-80.jsonl"
