@@ -13,13 +13,12 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -366,25 +365,19 @@ def test_every_committed_cassette_is_valid() -> None:
 
 # --- files that are not cassettes at all -------------------------------------------------
 
-def _rb(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command in a child, so a hang is a timeout here and not a stuck test run."""
-    return subprocess.run([sys.executable, "-m", "runner", "-q", "replay", "--offline", *args],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
-
-
-def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+def test_a_fifo_is_refused_without_waiting_for_a_writer(cli: Cli, tmp_path: Path) -> None:
     fifo = tmp_path / "x.jsonl"
     os.mkfifo(fifo)
-    r = _rb(str(fifo))
+    r = cli("-q", "replay", "--offline", str(fifo), timeout=60)  # a hang fails at the timeout
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"rootbench: {fifo}: not a regular file" in r.stderr
 
 
-def test_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+def test_dev_zero_is_refused_without_reading_it(cli: Cli, tmp_path: Path) -> None:
     link = tmp_path / "zero.jsonl"
     link.symlink_to("/dev/zero")
     for path in ("/dev/zero", str(link)):
-        r = _rb(path)
+        r = cli("-q", "replay", "--offline", path, timeout=60)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert f"rootbench: {path}: not a regular file" in r.stderr
 
