@@ -182,8 +182,8 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
     removes a name). Whatever the command changes of this process's state is put back
     after it: the working directory, the environment, the standard streams and
     descriptors 1 and 2, the ``rootbench`` logger (``logs.setup`` sets its handler, level
-    and propagation on each call), the SIGINT/SIGTERM handlers, ``sys.argv`` and
-    :mod:`tempfile`'s directory (read again from ``TMPDIR``, as a new process would). An
+    and propagation on each call), the SIGINT/SIGTERM handlers and :mod:`tempfile`'s
+    directory (read again from ``TMPDIR``, as a new process would). An
     argparse error (``UsageError``), ``--help`` and ``--version`` end in ``SystemExit``:
     its code is the exit code, as for the process.
     """
@@ -194,7 +194,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
     logger = logging.getLogger(logs.ROOT)
     saved_logger = list(logger.handlers), logger.level, logger.propagate
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved_tempdir = tempfile.tempdir
     code: int | None = None
     late: BaseException | None = None
@@ -203,7 +203,6 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
             _set_environ(_with_env(env))
             os.chdir(cwd or repo_root())
             tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-            sys.argv = ["rootbench", *args]
             with _deadline(timeout):
                 try:
                     code = main(list(args))
@@ -216,7 +215,6 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
         except CliTimeout as exc:
             late = exc
         finally:
-            sys.argv = saved_argv
             tempfile.tempdir = saved_tempdir
             os.chdir(saved_cwd)
             _set_environ(saved_env)
