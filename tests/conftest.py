@@ -219,7 +219,8 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
             os.chdir(saved_cwd)
             _set_environ(saved_env)
             for sig, handler in saved_signals.items():
-                signal.signal(sig, handler)
+                if signal.getsignal(sig) is not handler:  # (only the main thread may set one)
+                    signal.signal(sig, handler)
             logger.handlers[:] = saved_logger[0]
             logger.setLevel(saved_logger[1])
             logger.propagate = saved_logger[2]
