@@ -117,41 +117,53 @@ def _set_environ(wanted: Mapping[str, str]) -> None:
             os.environ[name] = value
 
 
+@dataclass
+class _Captured:
+    """What went to descriptors 1 and 2, filled in when the capture ends."""
+
+    stdout: str = ""
+    stderr: str = ""
+
+
 @contextlib.contextmanager
-def _fd_capture() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+def _fd_capture() -> Iterator[_Captured]:
     """File descriptors 1 and 2, and ``sys.stdout``/``sys.stderr`` on them, into two files.
 
     At the descriptor level, so what a child process the command starts writes there (a
     worker's last words) is caught too, as it was when the command was a process of its own.
     The text streams have a process's defaults: strict UTF-8 on stdout, backslash escapes on
-    stderr; stdin reads nothing.
+    stderr; stdin reads nothing. They are flushed (closed) before the files are read.
     """
+    captured = _Captured()
     saved_streams = sys.stdin, sys.stdout, sys.stderr
     for stream in saved_streams[1:]:
         stream.flush()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             open(os.devnull, encoding="utf-8") as stdin:
         saved_fds = os.dup(1), os.dup(2)
+        opened: list[IO[str]] = []
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
-            sys.stdin = stdin
-            sys.stdout = open(1, "w", encoding="utf-8", errors="strict",  # noqa: SIM115
-                              buffering=1, closefd=False)
-            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
-                              buffering=1, closefd=False)
-            try:
-                yield out, err
-            finally:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(Exception):  # a closed or broken stream: keep going
-                        stream.flush()
+            opened.append(open(1, "w", encoding="utf-8", errors="strict",  # noqa: SIM115
+                               buffering=1, closefd=False))
+            opened.append(open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                               buffering=1, closefd=False))
+            sys.stdin, sys.stdout, sys.stderr = stdin, opened[0], opened[1]
+            yield captured
         finally:
+            for stream in opened:
+                with contextlib.suppress(Exception):  # a broken stream: what it holds is lost
+                    stream.close()  # flushes what is left of a line; descriptors stay open
             sys.stdin, sys.stdout, sys.stderr = saved_streams
             os.dup2(saved_fds[0], 1)
             os.dup2(saved_fds[1], 2)
             for fd in saved_fds:
                 os.close(fd)
+            out.seek(0)
+            err.seek(0)
+            captured.stdout = out.read().decode("utf-8")
+            captured.stderr = err.read().decode("utf-8")
 
 
 @contextlib.contextmanager
@@ -198,7 +210,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
     saved_tempdir = tempfile.tempdir
     code: int | None = None
     late: BaseException | None = None
-    with _fd_capture() as (out, err):
+    with _fd_capture() as captured:
         try:
             _set_environ(_with_env(env))
             os.chdir(cwd or repo_root())
@@ -224,13 +236,11 @@ def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] |
             logger.handlers[:] = saved_logger[0]
             logger.setLevel(saved_logger[1])
             logger.propagate = saved_logger[2]
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode("utf-8"), err.read().decode("utf-8")
     if late is not None:
-        raise AssertionError(f"rootbench {' '.join(args)}: {late}; stderr so far:\n{stderr[-3000:]}")
+        raise AssertionError(f"rootbench {' '.join(args)}: {late}; stderr so far:\n"
+                             f"{captured.stderr[-3000:]}")
     assert code is not None
-    return CliResult(code, stdout, stderr)
+    return CliResult(code, captured.stdout, captured.stderr)
 
 
 @pytest.fixture
