@@ -1,12 +1,26 @@
-"""Shared fixtures. VM tests boot real QEMU from the real image (built on first use)."""
+"""Shared fixtures. VM tests boot real QEMU from the real image (built on first use).
+
+The command line is run in this process (:func:`run_cli`, the ``cli`` fixture): a child
+``python -m runner`` costs a second of start-up per call. Only a test about what a process
+alone shows (a signal and its exit status, another user, the module entry point, a server
+process) starts one, through :func:`run_cli_process`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import signal
 import subprocess
-from collections.abc import Iterator
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -52,3 +66,203 @@ def image() -> BuiltImage:
     from runner.backends.images import ensure_image
 
     return ensure_image("debian-12-nginx")
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+CLI_TIMEOUT = 120.0  # seconds a command of a test may take before it fails the test
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What ``rootbench ARGS`` gave: its exit code and all it wrote on stdout and stderr.
+
+    The names are :class:`subprocess.CompletedProcess`'s, so a test reads the same either way.
+    """
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Cli(Protocol):
+    """The ``cli`` fixture: ``cli("list", "--format", "json")``."""
+
+    def __call__(self, *args: str, cwd: Path | None = None,
+                 env: Mapping[str, str | None] | None = None,
+                 timeout: float = CLI_TIMEOUT) -> CliResult: ...
+
+
+class CliTimeout(BaseException):
+    """The command outran its timeout (a BaseException: no ``except Exception`` of the CLI's
+    takes it for an error of its own and goes on)."""
+
+
+def _with_env(env: Mapping[str, str | None] | None) -> dict[str, str]:
+    """This process's environment with ``env`` laid over it (a value of None removes the name)."""
+    merged = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return merged
+
+
+def _set_environ(wanted: Mapping[str, str]) -> None:
+    for name in [n for n in os.environ if n not in wanted]:
+        del os.environ[name]
+    for name, value in wanted.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+@dataclass
+class _Captured:
+    """What went to descriptors 1 and 2, filled in when the capture ends."""
+
+    stdout: str = ""
+    stderr: str = ""
+
+
+@contextlib.contextmanager
+def _fd_capture() -> Iterator[_Captured]:
+    """File descriptors 1 and 2, and ``sys.stdout``/``sys.stderr`` on them, into two files.
+
+    At the descriptor level, so what a child process the command starts writes there (a
+    worker's last words) is caught too, as it was when the command was a process of its own.
+    The text streams have a process's defaults: strict UTF-8 on stdout, backslash escapes on
+    stderr; stdin reads nothing. They are flushed (closed) before the files are read.
+    """
+    captured = _Captured()
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    for stream in saved_streams[1:]:
+        stream.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            open(os.devnull, encoding="utf-8") as stdin:
+        saved_fds = os.dup(1), os.dup(2)
+        opened: list[IO[str]] = []
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            opened.append(open(1, "w", encoding="utf-8", errors="strict",  # noqa: SIM115
+                               buffering=1, closefd=False))
+            opened.append(open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                               buffering=1, closefd=False))
+            sys.stdin, sys.stdout, sys.stderr = stdin, opened[0], opened[1]
+            yield captured
+        finally:
+            for stream in opened:
+                with contextlib.suppress(Exception):  # a broken stream: what it holds is lost
+                    stream.close()  # flushes what is left of a line; descriptors stay open
+            sys.stdin, sys.stdout, sys.stderr = saved_streams
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            out.seek(0)
+            err.seek(0)
+            captured.stdout = out.read().decode("utf-8")
+            captured.stderr = err.read().decode("utf-8")
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """:class:`CliTimeout` in this (the main) thread after ``seconds``, even within a blocking
+    call (a FIFO's open): a hang fails the test instead of stopping the test run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum: int, _frame: FrameType | None) -> None:
+        raise CliTimeout(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: Mapping[str, str | None] | None = None,
+            timeout: float = CLI_TIMEOUT) -> CliResult:
+    """``rootbench ARGS`` in this process: ``runner.app.cli.main``, as ``python -m runner`` runs it.
+
+    ``cwd`` defaults to the checkout's root; ``env`` is laid over the environment (None
+    removes a name). Whatever the command changes of this process's state is put back
+    after it: the working directory, the environment, the standard streams and
+    descriptors 1 and 2, the ``rootbench`` logger (``logs.setup`` sets its handler, level
+    and propagation on each call), the SIGINT/SIGTERM handlers and :mod:`tempfile`'s
+    directory (read again from ``TMPDIR``, as a new process would). An
+    argparse error (``UsageError``), ``--help`` and ``--version`` end in ``SystemExit``:
+    its code is the exit code, as for the process.
+    """
+    from runner.app import logs
+    from runner.app.cli import main
+    from runner.core.paths import repo_root
+
+    logger = logging.getLogger(logs.ROOT)
+    saved_logger = list(logger.handlers), logger.level, logger.propagate
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_tempdir = tempfile.tempdir
+    code: int | None = None
+    late: BaseException | None = None
+    with _fd_capture() as captured:
+        try:
+            _set_environ(_with_env(env))
+            os.chdir(cwd or repo_root())
+            tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+            with _deadline(timeout):
+                try:
+                    code = main(list(args))
+                except SystemExit as exc:  # as the interpreter turns it into an exit status
+                    if exc.code is None or isinstance(exc.code, int):
+                        code = exc.code or 0
+                    else:
+                        print(exc.code, file=sys.stderr)
+                        code = 1
+        except CliTimeout as exc:
+            late = exc
+        finally:
+            tempfile.tempdir = saved_tempdir
+            os.chdir(saved_cwd)
+            _set_environ(saved_env)
+            for sig, handler in saved_signals.items():
+                if signal.getsignal(sig) is not handler:  # (only the main thread may set one)
+                    signal.signal(sig, handler)
+            logger.handlers[:] = saved_logger[0]
+            logger.setLevel(saved_logger[1])
+            logger.propagate = saved_logger[2]
+    if late is not None:
+        raise AssertionError(f"rootbench {' '.join(args)}: {late}; stderr so far:\n"
+                             f"{captured.stderr[-3000:]}")
+    assert code is not None
+    return CliResult(code, captured.stdout, captured.stderr)
+
+
+@pytest.fixture
+def cli() -> Cli:
+    """``cli(*args, cwd=None, env=None) -> CliResult``: the command line, in this process."""
+    return run_cli
+
+
+def cli_argv(*args: str) -> list[str]:
+    """The command that starts ``rootbench ARGS`` as a process of its own."""
+    return [sys.executable, "-m", "runner", *args]
+
+
+def run_cli_process(*args: str, cwd: Path | None = None,
+                    env: Mapping[str, str | None] | None = None, timeout: float = CLI_TIMEOUT,
+                    prefix: Sequence[str] = (), **popen: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m runner ARGS`` in a child process, for what only a process shows (its own
+    user, umask or signals, the module entry point); ``prefix`` goes before the interpreter
+    (``setpriv ...``), ``env`` and ``cwd`` are as for :func:`run_cli`, ``popen`` goes to
+    :func:`subprocess.run`. Prefer the ``cli`` fixture: this costs a second per call."""
+    from runner.core.paths import repo_root
+
+    return subprocess.run([*prefix, *cli_argv(*args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or repo_root(), env=_with_env(env),
+                          stdin=subprocess.DEVNULL, **popen)

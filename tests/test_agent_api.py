@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -25,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli, run_cli
 from flag_guest import FlagGuest
 
 from runner.app.agent_api import AgentRef, python_agent, resolve
@@ -312,22 +310,21 @@ def test_an_installed_agent_is_found_by_its_entry_point(tmp_path: Path,
     ("file.py:not-a-name", "is not FILE.py:Class"),
     ("nobody", "unknown agent 'nobody'"),
 ])
-def test_a_bad_agent_is_one_line_and_exit_2(tmp_path: Path, agent: str, says: str) -> None:
+def test_a_bad_agent_is_one_line_and_exit_2(cli: Cli, tmp_path: Path, agent: str,
+                                            says: str) -> None:
     (tmp_path / "broken.py").write_text("def (:\n")
     (tmp_path / "exits.py").write_text("raise SystemExit(3)\n")
     agent = agent.format(broken=tmp_path / "broken.py", exits=tmp_path / "exits.py")
     says = says.format(broken=tmp_path / "broken.py")
-    r = subprocess.run([sys.executable, "-m", "runner", "run", "specs/dir-missing-exec.yaml",
-                        "--agent", agent], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = cli("run", "specs/dir-missing-exec.yaml", "--agent", agent, timeout=60)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert says in r.stderr
 
 
-def test_a_python_agent_speaks_tools_only() -> None:
-    r = subprocess.run([sys.executable, "-m", "runner", "run", "specs/dir-missing-exec.yaml",
-                        "--agent", "examples/scripted_agent.py:ScriptedAgent", "--protocol",
-                        "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_a_python_agent_speaks_tools_only(cli: Cli) -> None:
+    r = cli("run", "specs/dir-missing-exec.yaml", "--agent",
+            "examples/scripted_agent.py:ScriptedAgent", "--protocol", "json", timeout=60)
     assert r.returncode == 2 and "--protocol: a Python agent" in r.stderr, r.stderr
 
 
@@ -335,11 +332,9 @@ def test_a_python_agent_speaks_tools_only() -> None:
 
 def _cli_run(tmp_path: Path, spec: str, agent: str, env: dict[str, str] | None = None,
              ) -> tuple[dict[str, Any], Path]:
-    """``rootbench run`` in a subprocess; its one result and its cassette."""
-    r = subprocess.run([sys.executable, "-m", "runner", "-q", "run", f"specs/{spec}.yaml",
-                        "--agent", agent, "--runs-dir", str(tmp_path / "runs"), "--format",
-                        "json"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, **(env or {})})
+    """``rootbench run``; its one result and its cassette."""
+    r = run_cli("-q", "run", f"specs/{spec}.yaml", "--agent", agent, "--runs-dir",
+                str(tmp_path / "runs"), "--format", "json", env=env, timeout=600)
     assert r.returncode in (0, 1), r.stderr
     [results] = list((tmp_path / "runs").glob("*/results.json"))
     [episode] = json.loads(results.read_text())["episodes"]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import Cli, cli_argv
 
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
@@ -86,14 +85,9 @@ def test_run_folders_are_slugs_inside_runs_dir(tmp_path: Path) -> None:
     assert d.parent == tmp_path / "runs" and "/" not in d.name and ".." not in d.name
 
 
-def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=120, cwd=repo_root(), **kw)
-
-
-def test_format_json_is_one_document_on_stdout(tmp_path: Path) -> None:
-    r = _cli("bench", "--agent", "oracle", "--only", *IDS, "--record-to", str(ORACLE),
-             "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json")
+def test_format_json_is_one_document_on_stdout(cli: Cli, tmp_path: Path) -> None:
+    r = cli("bench", "--agent", "oracle", "--only", *IDS, "--record-to", str(ORACLE),
+            "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)  # the whole of stdout, nothing after it
     assert [e["verdict"] for e in doc["episodes"]] == ["pass", "pass"]
@@ -102,17 +96,17 @@ def test_format_json_is_one_document_on_stdout(tmp_path: Path) -> None:
     assert last.startswith("[bench] report: ") and Path(last.split(": ", 1)[1]).is_file(), last
 
 
-def test_quiet_silences_progress(tmp_path: Path) -> None:
-    r = _cli("-q", "bench", "--agent", "oracle", "--only", IDS[0], "--record-to", str(ORACLE),
-             "--record-mode", "once", "--runs-dir", str(tmp_path))
+def test_quiet_silences_progress(cli: Cli, tmp_path: Path) -> None:
+    r = cli("-q", "bench", "--agent", "oracle", "--only", IDS[0], "--record-to", str(ORACLE),
+            "--record-mode", "once", "--runs-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "[bench]" not in r.stderr and "| rogue-port-80" in r.stdout
 
 
 def test_a_closed_pipe_is_not_a_traceback() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "replay", "--offline",
-                             str(repo_root() / "recordings")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=repo_root())
+    # A process: the reader of its stdout pipe goes away, which only a real pipe between processes shows.
+    proc = subprocess.Popen(cli_argv("replay", "--offline", str(repo_root() / "recordings")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo_root())
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line: like `| head -0`
     err = proc.stderr.read().decode()

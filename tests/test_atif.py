@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
+from conftest import Cli
 
 from runner.app.atif import SCHEMA_VERSION, export
-from runner.app.cli import main
 from runner.core.cassette import Cassette
 from runner.core.paths import repo_root
 
@@ -197,22 +196,24 @@ def test_the_schema_is_not_vacuous() -> None:
 
 
 def test_cli_export_of_a_run_directory_defaults_to_its_atif_folder(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+                                                                    cli: Cli) -> None:
     run = tmp_path / "run"
     shutil.copytree(LIVE_JSON, run / "cassettes")
-    assert main(["-q", "export", "--format", "atif", str(run)]) == 0
-    printed = capsys.readouterr().out.split()
+    r = cli("-q", "export", "--format", "atif", str(run))
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.split()
     assert printed == [str(run / "atif" / f"{p.stem}" / "agent" / "trajectory.json")
                        for p in sorted(LIVE_JSON.glob("*.jsonl"))]
     assert all(_rfc_errors(json.loads(Path(p).read_text())) == [] for p in printed)
 
 
 def test_cli_export_of_a_broken_cassette_is_one_line_and_writes_nothing(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     good = LIVE_JSON / "rogue-port-80.r0.jsonl"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"type": "guest"}\n')
-    assert main(["-q", "export", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
+    r = cli("-q", "export", str(good), str(bad), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2
+    err = r.stderr
     assert "bad.jsonl" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

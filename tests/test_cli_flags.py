@@ -6,13 +6,11 @@ estimate of the time left."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import Cli, CliResult, run_cli
 
 from runner.app.progress import duration, left_text
 from runner.core.errors import InvalidInput
@@ -24,19 +22,13 @@ ROOT = repo_root()
 ORACLE = ROOT / "recordings" / "oracle"
 
 
-def rb(*args: str, env: dict[str, str] | None = None,
-       timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
-
-
 def listed(*args: str) -> list[str]:
-    r = rb("list", "--format", "json", *args)
+    r = run_cli("list", "--format", "json", *args)
     assert r.returncode == 0, r.stderr
     return [row["id"] for row in json.loads(r.stdout)]
 
 
-def one_line_exit_2(r: subprocess.CompletedProcess[str]) -> str:
+def one_line_exit_2(r: CliResult) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "usage:" not in r.stderr
     [line] = r.stderr.strip().splitlines()
@@ -75,25 +67,26 @@ def test_tags_select_the_easy_tier_and_limit_takes_the_first() -> None:
     (["--limit", "0"], "--limit: must be a number of scenarios from 1 up, not 0"),
     (["--only", "cron-*", "--tags", "proxy"], "no scenario has all of"),
 ])
-def test_a_bad_selection_is_one_line_exit_2(args: list[str], fragment: str) -> None:
-    line = one_line_exit_2(rb("list", *args))
+def test_a_bad_selection_is_one_line_exit_2(cli: Cli, args: list[str], fragment: str) -> None:
+    line = one_line_exit_2(cli("list", *args))
     assert line.startswith("rootbench: --") and fragment in line, line
 
 
-def test_bench_and_verify_refuse_a_path_as_an_id_before_any_vm(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+def test_bench_and_verify_refuse_a_path_as_an_id_before_any_vm(cli: Cli, tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path)}
     for command in (["bench", "--agent", "oracle", "--runs-dir", str(tmp_path / "runs")],
                     ["verify", "--shortcuts", "recorded"]):
-        line = one_line_exit_2(rb(*command, "--only", "specs/permission-403.yaml", env=env))
+        line = one_line_exit_2(cli(*command, "--only", "specs/permission-403.yaml", env=env))
         assert "its id is 'permission-403'" in line, line
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("rb-*"))
 
 
-def test_bench_runs_the_selection_from_recordings_and_says_time_left(tmp_path: Path) -> None:
+def test_bench_runs_the_selection_from_recordings_and_says_time_left(cli: Cli,
+                                                                     tmp_path: Path) -> None:
     """--tags and --limit in a real bench (replayed from the oracle recordings: no VM)."""
-    r = rb("bench", "--agent", "oracle", "--tags", "easy-tier", "--limit", "2",
-           "--record-to", str(ORACLE), "--record-mode", "none", "--runs-dir", str(tmp_path),
-           "--format", "json")
+    r = cli("bench", "--agent", "oracle", "--tags", "easy-tier", "--limit", "2",
+            "--record-to", str(ORACLE), "--record-mode", "none", "--runs-dir", str(tmp_path),
+            "--format", "json")
     assert r.returncode == 0, r.stderr
     easy = [s.id for s in SUITE if "easy-tier" in s.tags][:2]
     assert [e["scenario"] for e in json.loads(r.stdout)["episodes"]] == easy
@@ -133,19 +126,20 @@ def test_choose_composes_in_order_and_never_silently_selects_nothing() -> None:
     (["list", "-q"], "rootbench list: error: -q is an option of rootbench itself: give it before "
                      "the command (rootbench -q ...)"),
 ])
-def test_argument_errors_are_one_line_with_a_suggestion(args: list[str], expected: str) -> None:
-    line = one_line_exit_2(rb(*args))
+def test_argument_errors_are_one_line_with_a_suggestion(cli: Cli, args: list[str],
+                                                        expected: str) -> None:
+    line = one_line_exit_2(cli(*args))
     assert expected in line, line
 
 
-def test_an_argument_error_with_format_json_still_gives_a_json_document() -> None:
-    r = rb("list", "--format", "json", "--lmit", "2")
+def test_an_argument_error_with_format_json_still_gives_a_json_document(cli: Cli) -> None:
+    r = cli("list", "--format", "json", "--lmit", "2")
     assert r.returncode == 2 and json.loads(r.stdout) == {"error": r.stderr.strip(), "exit": 2}
     assert "did you mean --limit?" in r.stderr
 
 
-def test_help_shows_the_defaults() -> None:
-    text = rb("bench", "--help").stdout
+def test_help_shows_the_defaults(cli: Cli) -> None:
+    text = cli("bench", "--help").stdout
     blocks = {b.split()[0].rstrip(","): " ".join(b.split())  # one option's help, unwrapped
               for b in re.split(r"\n  (?=-)", text.split("\noptions:", 1)[1])
               if b.strip()}
@@ -159,8 +153,8 @@ def test_help_shows_the_defaults() -> None:
 # --- perf: one spelling of the JSON flag -------------------------------------------------------
 
 @pytest.mark.parametrize("flags", [["--format", "json"], ["--json"]])
-def test_perf_format_json_and_its_deprecated_alias(flags: list[str]) -> None:
-    r = rb("-q", "perf", *flags, "--no-vm", "--no-model")
+def test_perf_format_json_and_its_deprecated_alias(cli: Cli, flags: list[str]) -> None:
+    r = cli("-q", "perf", *flags, "--no-vm", "--no-model")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["replay_cassettes"] > 0  # one JSON document on stdout
     deprecated = "rootbench perf: --json is deprecated; use --format json"
@@ -169,24 +163,25 @@ def test_perf_format_json_and_its_deprecated_alias(flags: list[str]) -> None:
 
 # --- --ray-address auto and RAY_ADDRESS --------------------------------------------------------
 
-def test_ray_address_comes_from_the_environment_as_for_rays_own_tools(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path), "RAY_ADDRESS": "127.0.0.1:1"}
+def test_ray_address_comes_from_the_environment_as_for_rays_own_tools(cli: Cli,
+                                                                      tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path), "RAY_ADDRESS": "127.0.0.1:1"}
     base = ["-q", "bench", "--agent", "oracle", "--executor", "ray", "--only", "rogue-port-80",
             "--runs-dir", str(tmp_path / "runs")]
     # No flag: RAY_ADDRESS is the address; auto: Ray's resolver reads RAY_ADDRESS first too.
     for extra in ([], ["--ray-address", "auto"]):
-        line = one_line_exit_2(rb(*base, *extra, env=env))
+        line = one_line_exit_2(cli(*base, *extra, env=env))
         assert line.startswith("rootbench: --ray-address: nothing answers at ") and ":1 (" in line
     # A flag given wins over the environment.
-    line = one_line_exit_2(rb(*base, "--ray-address", "127.0.0.1:2", env=env))
+    line = one_line_exit_2(cli(*base, "--ray-address", "127.0.0.1:2", env=env))
     assert "nothing answers at 127.0.0.1:2" in line, line
     assert not (tmp_path / "runs").exists()
 
 
-def test_ray_executor_without_any_address_says_how_to_give_one(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    line = one_line_exit_2(rb("bench", "--agent", "oracle", "--executor", "ray",
-                              "--runs-dir", str(tmp_path), env=env))
+def test_ray_executor_without_any_address_says_how_to_give_one(cli: Cli, tmp_path: Path) -> None:
+    env: dict[str, str | None] = {"RAY_ADDRESS": None}
+    line = one_line_exit_2(cli("bench", "--agent", "oracle", "--executor", "ray",
+                               "--runs-dir", str(tmp_path), env=env))
     assert "--ray-address HOST:PORT" in line and "auto" in line and "RAY_ADDRESS" in line
 
 
@@ -202,11 +197,12 @@ def test_time_left_is_the_mean_duration_times_what_is_left_over_the_slots() -> N
 
 
 @pytest.mark.vm
-def test_a_live_bench_estimates_the_time_left_from_its_finished_episodes(tmp_path: Path) -> None:
+def test_a_live_bench_estimates_the_time_left_from_its_finished_episodes(cli: Cli,
+                                                                         tmp_path: Path) -> None:
     """Two live noop episodes, one at a time: the first line has nothing to go on; the second
     estimates from the first episode's wall time (which includes its restore and judging)."""
-    r = rb("bench", "--agent", "noop", "--only", "nginx-stopped", "rogue-port-80", "--jobs", "1",
-           "--runs-dir", str(tmp_path), timeout=900)
+    r = cli("bench", "--agent", "noop", "--only", "nginx-stopped", "rogue-port-80", "--jobs", "1",
+            "--runs-dir", str(tmp_path), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     first, second = [ln for ln in r.stderr.splitlines() if re.match(r"\[bench\] \d/2 ", ln)]
     assert first == "[bench] 1/2 nginx-stopped (time left: estimating...)", first

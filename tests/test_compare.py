@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import Cli, run_cli
 
 from runner.core.paths import repo_root
 
@@ -17,11 +16,6 @@ ORACLE = repo_root() / "recordings" / "oracle"
 # Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
 IDS = ["rogue-port-80", "permission-403", "nginx-config-syntax", "masked-unit"]
 ROUNDS = 2  # 4 scenarios x 2 rounds = 8 pairs: McNemar exact p = 2/256 if all differ one way
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=repo_root())
 
 
 def _only_dir(parent: Path) -> Path:
@@ -37,8 +31,8 @@ def _oracle_run(tmp: Path, ids: list[str], rounds: int) -> Path:
         shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")  # round 0
         for rnd in range(1, rounds):
             shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.r{rnd}.jsonl")
-    r = _cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
-             "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
+    r = run_cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
+                "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
     assert r.returncode == 0, r.stderr
     return _only_dir(tmp / "oracle")
 
@@ -49,8 +43,8 @@ def oracle_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _oracle_run(tmp_path_factory.mktemp("oracle"), IDS, ROUNDS)
 
 
-def test_a_run_against_itself_shows_no_difference(oracle_run: Path) -> None:
-    r = _cli("compare", str(oracle_run), str(oracle_run))
+def test_a_run_against_itself_shows_no_difference(cli: Cli, oracle_run: Path) -> None:
+    r = cli("compare", str(oracle_run), str(oracle_run))
     assert r.returncode == 0, r.stderr
     assert "no difference shown with this many runs (8 pairs)" in r.stdout
     assert "cannot estimate" in r.stdout
@@ -58,8 +52,8 @@ def test_a_run_against_itself_shows_no_difference(oracle_run: Path) -> None:
 
 
 def test_json_is_one_document_and_more_runs_are_each_compared_with_the_first(
-        oracle_run: Path) -> None:
-    r = _cli("compare", str(oracle_run), str(oracle_run), str(oracle_run), "--format", "json")
+        cli: Cli, oracle_run: Path) -> None:
+    r = cli("compare", str(oracle_run), str(oracle_run), str(oracle_run), "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)  # the whole of stdout
     assert len(doc["comparisons"]) == 2
@@ -68,55 +62,57 @@ def test_json_is_one_document_and_more_runs_are_each_compared_with_the_first(
         assert c["pass_diff_ci"] == [0.0, 0.0] and c["mcnemar_p"] == 1.0
 
 
-def test_results_json_and_bench_json_carry_the_statistics(oracle_run: Path, tmp_path: Path) -> None:
+def test_results_json_and_bench_json_carry_the_statistics(cli: Cli,
+                                                          oracle_run: Path, tmp_path: Path) -> None:
     results = json.loads((oracle_run / "results.json").read_text())
     st = results["statistics"]
     assert st["confidence"] == 0.95 and [s["scenario"] for s in st["scenarios"]] == IDS
     assert st["overall"]["scored"] == 8 and st["overall"]["pass_at_1"] == 1.0
     assert st["overall"]["pass_at_k"] == {"1": 1.0, "2": 1.0}
     assert st["overall"]["pass_at_1_ci"][0] == pytest.approx(0.6756, abs=1e-4)  # Wilson, 8/8
-    r = _cli("report", str(oracle_run), "--format", "json")
+    r = cli("report", str(oracle_run), "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["statistics"] == st
 
 
-def test_the_statistics_table_follows_a_repeated_bench(tmp_path: Path) -> None:
+def test_the_statistics_table_follows_a_repeated_bench(cli: Cli, tmp_path: Path) -> None:
     run = _oracle_run(tmp_path, IDS[:1], 2)
-    r = _cli("report", str(run))
+    r = cli("report", str(run))
     assert r.returncode == 0, r.stderr
-    r = _cli("-q", "bench", "--agent", "oracle", "--record-to", str(tmp_path / "rec"),
-             "--record-mode", "once", "--only", IDS[0], "--repeat", "2",
-             "--runs-dir", str(tmp_path / "again"))
+    r = cli("-q", "bench", "--agent", "oracle", "--record-to", str(tmp_path / "rec"),
+            "--record-mode", "once", "--only", IDS[0], "--repeat", "2",
+            "--runs-dir", str(tmp_path / "again"))
     assert r.returncode == 0, r.stderr
     assert "| pass@1 [95% CI]" in r.stdout and "| overall" in r.stdout
     assert "1.00 [0.34, 1.00]" in r.stdout  # Wilson 2/2
 
 
-def test_a_damaged_or_missing_run_is_one_line_and_exit_2(oracle_run: Path, tmp_path: Path) -> None:
+def test_a_damaged_or_missing_run_is_one_line_and_exit_2(cli: Cli,
+                                                         oracle_run: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "results.json").write_text('{"episodes": [{"scenario": "x"}]}')
     for other in (bad, tmp_path / "missing"):
-        r = _cli("compare", str(oracle_run), str(other))
+        r = cli("compare", str(oracle_run), str(other))
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
         assert str(other) in r.stderr and r.stdout == ""
 
 
 @pytest.mark.vm
-def test_oracle_is_better_than_noop(oracle_run: Path, tmp_path: Path) -> None:
-    r = _cli("-q", "bench", "--agent", "noop", "--only", *IDS, "--repeat", str(ROUNDS),
-             "--retry-infra", "1", "--runs-dir", str(tmp_path / "noop"), timeout=1800)
+def test_oracle_is_better_than_noop(cli: Cli, oracle_run: Path, tmp_path: Path) -> None:
+    r = cli("-q", "bench", "--agent", "noop", "--only", *IDS, "--repeat", str(ROUNDS),
+            "--retry-infra", "1", "--runs-dir", str(tmp_path / "noop"), timeout=1800)
     assert r.returncode == 0, r.stderr
     noop = _only_dir(tmp_path / "noop")
-    r = _cli("compare", str(oracle_run), str(noop), "--format", "json")
+    r = cli("compare", str(oracle_run), str(noop), "--format", "json")
     assert r.returncode == 0, r.stderr
     (c,) = json.loads(r.stdout)["comparisons"]
     assert (c["pairs"], c["a_only"], c["b_only"]) == (8, 8, 0)
     assert c["mcnemar_p"] == pytest.approx(2 / 256)
     assert c["pass_diff_ci"][0] > 0 and c["winner"] == "a"
-    r = _cli("compare", str(oracle_run), str(noop))
+    r = cli("compare", str(oracle_run), str(noop))
     assert "first tries: oracle is better than noop" in r.stdout
-    r = _cli("compare", str(noop), str(oracle_run))
+    r = cli("compare", str(noop), str(oracle_run))
     assert "first tries: oracle is better than noop" in r.stdout
 
 
@@ -159,8 +155,8 @@ def _ci(point: float, ci: list[float]) -> str:
 
 
 @pytest.mark.parametrize(("a", "b"), PUBLISHED)
-def test_the_published_compare_is_what_compare_prints_today(a: str, b: str) -> None:
-    r = _cli("compare", a, b)  # relative paths, as the docs show them, from the checkout's root
+def test_the_published_compare_is_what_compare_prints_today(cli: Cli, a: str, b: str) -> None:
+    r = cli("compare", a, b)  # relative paths, as the docs show them, from the checkout's root
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n") == _documented_compare(a, b)
 
@@ -173,8 +169,9 @@ PUBLISHED_ROWS = [pytest.param(f, id=f.split("/")[-2] + "/" + f.split("/")[-1]) 
 
 
 @pytest.mark.parametrize("folder", PUBLISHED_ROWS)
-def test_the_published_statistics_rows_are_what_report_computes_today(folder: str) -> None:
-    r = _cli("report", folder, "--format", "json")
+def test_the_published_statistics_rows_are_what_report_computes_today(cli: Cli,
+                                                                      folder: str) -> None:
+    r = cli("report", folder, "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     o = doc["statistics"]["overall"]
@@ -194,13 +191,14 @@ def test_the_published_statistics_rows_are_what_report_computes_today(folder: st
     # The episodes were read from the cassettes' verdict lines: no machine's paths shown.
     assert all(not str(ep["cassette"]).startswith("/") for ep in doc["episodes"])
 
-def test_compare_names_the_models_and_explains_the_test(oracle_run: Path, tmp_path: Path) -> None:
+def test_compare_names_the_models_and_explains_the_test(cli: Cli,
+                                                        oracle_run: Path, tmp_path: Path) -> None:
     # A recordings folder (cassettes, no results.json) against the run directory made from it.
     rec = tmp_path / "rec"
     rec.mkdir()
     for i in IDS:
         shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")
-    r = _cli("compare", str(rec), str(oracle_run))
+    r = cli("compare", str(rec), str(oracle_run))
     assert r.returncode == 0, r.stderr
     assert "A: oracle (A), from " in r.stdout and "B: oracle (B), from " in r.stdout
     assert "| pass@1 [95% CI]" in r.stdout and "4/4 = 1.00 [0.51, 1.00] at level 0" in r.stdout
@@ -212,19 +210,19 @@ def test_compare_names_the_models_and_explains_the_test(oracle_run: Path, tmp_pa
     # A cassette cut short (no verdict line) has no episode: said, not silently dropped.
     lines = (ORACLE / f"{IDS[0]}.jsonl").read_text().splitlines(True)
     (rec / f"{IDS[0]}.jsonl").write_text("".join(lines[:-1]))
-    r = _cli("compare", str(rec), str(oracle_run), "--format", "json")
+    r = cli("compare", str(rec), str(oracle_run), "--format", "json")
     assert r.returncode == 0, r.stderr
     (c,) = json.loads(r.stdout)["comparisons"]
     assert (c["a"]["cut_short"], c["a"]["episodes"], c["pairs"]) == (1, 3, 3)
-    r = _cli("compare", str(rec), str(oracle_run))
+    r = cli("compare", str(rec), str(oracle_run))
     assert "1 of A's cassettes end before a verdict (cut short) and are left out" in r.stdout
 
 
-def test_a_folder_with_neither_results_nor_cassettes_is_one_line(tmp_path: Path) -> None:
+def test_a_folder_with_neither_results_nor_cassettes_is_one_line(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for command in ("compare", "report"):
         args = [str(tmp_path / "empty")] * (2 if command == "compare" else 1)
-        r = _cli(command, *args)
+        r = cli(command, *args)
         assert r.returncode == 2 and r.stdout == ""
         assert r.stderr.strip() == f"rootbench: {tmp_path / 'empty'}: not a run directory or a " \
                                    "folder of cassettes (no results.json)"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import Cli
 
 from runner.app.agents import AgentChoice
 from runner.app.executors import (
@@ -95,11 +95,6 @@ def test_matrix_labels_arms_only_when_there_are_several() -> None:
         "oracle-json-h0", "oracle-json-h2"]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=180, cwd=repo_root(), env=env)
-
-
 @pytest.mark.parametrize(("argv", "flag"), [
     (["--jobs", "0"], "--jobs"), (["--jobs", "abc"], "--jobs"), (["--jobs", "65"], "--jobs"),
     (["--executor", "ray"], "--ray-address"),
@@ -107,38 +102,37 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     (["--executor", "ray", "--ray-address", "ray://x:1"], "--ray-address"),
     (["--ray-address", "127.0.0.1:1"], "--ray-address"),
 ])
-def test_bad_scale_flags_are_one_line_exit_2_before_any_vm(tmp_path: Path, argv: list[str],
-                                                          flag: str) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    r = _cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir",
-             str(tmp_path / "runs"), *argv, env=env)
+def test_bad_scale_flags_are_one_line_exit_2_before_any_vm(cli: Cli, tmp_path: Path,
+                                                           argv: list[str], flag: str) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    r = cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir",
+            str(tmp_path / "runs"), *argv, env=env)
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("rootbench: ") and flag in line and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("rb-*"))
 
 
-def test_verify_refuses_a_bad_jobs_value() -> None:
-    r = _cli("verify", "--jobs", "none", "specs/rogue-port-80.yaml")
+def test_verify_refuses_a_bad_jobs_value(cli: Cli) -> None:
+    r = cli("verify", "--jobs", "none", "specs/rogue-port-80.yaml")
     assert r.returncode == 2 and "--jobs" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_executor_ray_without_ray_installed_is_one_line(tmp_path: Path) -> None:
-    # ray blocked from import in this interpreter: what a plain `pip install rootbench` has
-    code = ("import sys; sys.modules['ray'] = None; from runner.app.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "bench", "--agent", "oracle", "--executor",
-                        "ray", "--ray-address", "127.0.0.1:1", "--runs-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, cwd=repo_root())
+def test_executor_ray_without_ray_installed_is_one_line(cli: Cli, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ray blocked from import for this call: what a plain `pip install rootbench` has
+    monkeypatch.setitem(sys.modules, "ray", None)
+    r = cli("bench", "--agent", "oracle", "--executor", "ray", "--ray-address", "127.0.0.1:1",
+            "--runs-dir", str(tmp_path))
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("rootbench: --executor: Ray is not installed: "
                                 "pip install 'rootbench[ray]'")
 
 
-def test_jobs_auto_says_what_it_chose_and_replays_in_the_driver(tmp_path: Path) -> None:
-    r = _cli("bench", "--agent", "oracle", "--jobs", "auto", "--only", "rogue-port-80",
-             "permission-403", "--record-to", str(ORACLE), "--record-mode", "once",
-             "--runs-dir", str(tmp_path), "--format", "json")
+def test_jobs_auto_says_what_it_chose_and_replays_in_the_driver(cli: Cli, tmp_path: Path) -> None:
+    r = cli("bench", "--agent", "oracle", "--jobs", "auto", "--only", "rogue-port-80",
+            "permission-403", "--record-to", str(ORACLE), "--record-mode", "once",
+            "--runs-dir", str(tmp_path), "--format", "json")
     assert r.returncode == 0, r.stderr
     [line] = [ln for ln in r.stderr.splitlines() if "--jobs auto: " in ln]
     assert "cores" in line and "limited by" in line

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import socket
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from badserver import OK, BadServer, bad_server
+from conftest import Cli, CliResult, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,13 +41,7 @@ REQ = ChatRequest(messages=[{"role": "user", "content": "hi"}])
 ORACLE = repo_root() / "recordings" / "oracle" / "rogue-port-80.jsonl"
 
 
-def _cli(*args: str, cwd: Path | None = None, timeout: float = 120
-         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or repo_root(), stdin=subprocess.DEVNULL)
-
-
-def _one_clean_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+def _one_clean_line(r: CliResult, code: int, *fragments: str) -> None:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "unexpected error" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -66,9 +60,9 @@ def test_broken_endpoint_urls_are_one_line(endpoint: str) -> None:
     assert str(info.value).startswith("--endpoint: ") and "\n" not in str(info.value)
 
 
-def test_broken_endpoint_url_on_the_command_line(tmp_path: Path) -> None:
+def test_broken_endpoint_url_on_the_command_line(cli: Cli, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    r = _cli("bench", "--runs-dir", str(runs), "--endpoint", "http://[::1")
+    r = cli("bench", "--runs-dir", str(runs), "--endpoint", "http://[::1")
     _one_clean_line(r, 2, "--endpoint")
     assert not runs.exists()
 
@@ -272,8 +266,8 @@ def oracle_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("oracle-run")
     rec = base / "rec"
     shutil.copytree(ORACLE.parent, rec)
-    r = _cli("bench", "--agent", "oracle", "--only", *THREE, "--record-to", str(rec),
-             "--record-mode", "once", "--runs-dir", str(base / "runs"), "--format", "json")
+    r = run_cli("bench", "--agent", "oracle", "--only", *THREE, "--record-to", str(rec),
+                "--record-mode", "once", "--runs-dir", str(base / "runs"), "--format", "json")
     assert r.returncode == 0, r.stderr[-2000:]
     [run] = (base / "runs").iterdir()
     return run, rec
@@ -283,10 +277,10 @@ def _episodes(run: Path) -> list[str]:
     return sorted(e["scenario"] for e in json.loads((run / "results.json").read_text())["episodes"])
 
 
-def test_resume_keeps_the_runs_own_scenarios(oracle_run: tuple[Path, Path]) -> None:
+def test_resume_keeps_the_runs_own_scenarios(cli: Cli, oracle_run: tuple[Path, Path]) -> None:
     run, rec = oracle_run
-    r = _cli("bench", "--agent", "oracle", "--resume", str(run), "--record-to", str(rec),
-             "--record-mode", "once")
+    r = cli("bench", "--agent", "oracle", "--resume", str(run), "--record-to", str(rec),
+            "--record-mode", "once")
     assert r.returncode == 0, r.stderr[-2000:]
     assert _episodes(run) == sorted(THREE)
     assert len(json.loads((run / "run.json").read_text())["scenarios"]) == 3
@@ -295,11 +289,11 @@ def test_resume_keeps_the_runs_own_scenarios(oracle_run: tuple[Path, Path]) -> N
 @pytest.mark.parametrize("selection", [["--only", "rogue-port-80"],
                                        ["--only", *THREE, "cpu-hog"],
                                        ["specs/cpu-hog.yaml"]])
-def test_resume_with_another_selection_is_refused(oracle_run: tuple[Path, Path],
+def test_resume_with_another_selection_is_refused(cli: Cli, oracle_run: tuple[Path, Path],
                                                    selection: list[str]) -> None:
     run, rec = oracle_run
-    r = _cli("bench", *selection, "--agent", "oracle", "--resume", str(run), "--record-to",
-             str(rec), "--record-mode", "once")
+    r = cli("bench", *selection, "--agent", "oracle", "--resume", str(run), "--record-to",
+            str(rec), "--record-mode", "once")
     _one_clean_line(r, 2, "run.json", "scenarios", "3 scenario(s)")
     assert _episodes(run) == sorted(THREE)
 
@@ -310,18 +304,19 @@ def test_resume_with_another_selection_is_refused(oracle_run: tuple[Path, Path],
     (["--agent", "oracle", "--hints", "1"], "options.hints"),
     (["--agent", "oracle", "--no-track-fix"], "options.track_fix"),
 ])
-def test_resume_with_another_agent_is_refused(oracle_run: tuple[Path, Path], flags: list[str],
-                                              field: str) -> None:
+def test_resume_with_another_agent_is_refused(cli: Cli, oracle_run: tuple[Path, Path],
+                                              flags: list[str], field: str) -> None:
     run, rec = oracle_run
     before = (run / "results.json").read_bytes()
-    r = _cli("bench", *flags, "--resume", str(run), "--record-to", str(rec),
-             "--record-mode", "once")
+    r = cli("bench", *flags, "--resume", str(run), "--record-to", str(rec),
+            "--record-mode", "once")
     _one_clean_line(r, 2, field)
     assert (run / "results.json").read_bytes() == before
 
 
 def test_resume_of_a_model_run_with_the_oracle_or_another_server_is_refused(
-        oracle_run: tuple[Path, Path], tmp_path: Path, server: tuple[str, BadServer]) -> None:
+        cli: Cli, oracle_run: tuple[Path, Path], tmp_path: Path,
+        server: tuple[str, BadServer]) -> None:
     """run.json of a model run (as a user may hand over): --agent oracle, or another endpoint."""
     run, rec = oracle_run
     model_run = tmp_path / "model-run"
@@ -329,9 +324,9 @@ def test_resume_of_a_model_run_with_the_oracle_or_another_server_is_refused(
     info = json.loads((model_run / "run.json").read_text())
     info["agent"].update(kind="model", endpoint="http://127.0.0.1:1", model="m")
     (model_run / "run.json").write_text(json.dumps(info))
-    r = _cli("bench", "--agent", "oracle", "--resume", str(model_run))
+    r = cli("bench", "--agent", "oracle", "--resume", str(model_run))
     _one_clean_line(r, 2, "agent.kind", "'model'")
-    r = _cli("bench", "--endpoint", server[0], "--model", "m", "--resume", str(model_run))
+    r = cli("bench", "--endpoint", server[0], "--model", "m", "--resume", str(model_run))
     _one_clean_line(r, 2, "agent.endpoint", "http://127.0.0.1:1")
 
 
@@ -342,7 +337,7 @@ SPEC = str(repo_root() / "specs" / "rogue-port-80.yaml")
 
 @pytest.mark.parametrize("flag", ["--record-to", "--runs-dir"])
 @pytest.mark.parametrize("where", ["file", "under-file", "proc"])
-def test_unwritable_paths_are_refused_before_any_work(flag: str, where: str,
+def test_unwritable_paths_are_refused_before_any_work(cli: Cli, flag: str, where: str,
                                                        tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -350,18 +345,18 @@ def test_unwritable_paths_are_refused_before_any_work(flag: str, where: str,
     runs = tmp_path / "runs"
     args = {"--runs-dir": str(runs), flag: str(bad[where])}
     t0 = time.monotonic()
-    r = _cli("run", SPEC, "--agent", "oracle", "--record-mode", "all",
-             *[x for kv in args.items() for x in kv], timeout=60)
+    r = cli("run", SPEC, "--agent", "oracle", "--record-mode", "all",
+            *[x for kv in args.items() for x in kv], timeout=60)
     _one_clean_line(r, 2, flag)
     assert time.monotonic() - t0 < 30, "refused before any VM"
     assert not runs.exists()
 
 
-def test_record_mode_once_to_an_unwritable_path_runs_nothing(tmp_path: Path) -> None:
+def test_record_mode_once_to_an_unwritable_path_runs_nothing(cli: Cli, tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    r = _cli("run", SPEC, "--agent", "oracle", "--record-mode", "once", "--record-to",
-             str(a_file), "--runs-dir", str(tmp_path / "runs"), timeout=60)
+    r = cli("run", SPEC, "--agent", "oracle", "--record-mode", "once", "--record-to",
+            str(a_file), "--runs-dir", str(tmp_path / "runs"), timeout=60)
     _one_clean_line(r, 2, "--record-to", "not a directory")
     assert not (tmp_path / "runs").exists()
 
@@ -374,21 +369,22 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_unreachable_endpoint_is_refused_before_any_vm(tmp_path: Path) -> None:
+def test_an_unreachable_endpoint_is_refused_before_any_vm(cli: Cli, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    r = _cli("run", SPEC, "--endpoint", f"http://127.0.0.1:{_closed_port()}", "--model", "m",
-             "--runs-dir", str(tmp_path / "runs"), timeout=60)
+    r = cli("run", SPEC, "--endpoint", f"http://127.0.0.1:{_closed_port()}", "--model", "m",
+            "--runs-dir", str(tmp_path / "runs"), timeout=60)
     _one_clean_line(r, 2, "--endpoint", "nothing answers")
     assert time.monotonic() - t0 < 20 and not (tmp_path / "runs").exists()
 
 
-def test_an_endpoint_that_accepts_but_never_answers_is_refused_in_seconds(tmp_path: Path) -> None:
+def test_an_endpoint_that_accepts_but_never_answers_is_refused_in_seconds(cli: Cli,
+                                                                          tmp_path: Path) -> None:
     with socket.socket() as listener:  # connections queue in the backlog; nobody ever answers
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         t0 = time.monotonic()
-        r = _cli("run", SPEC, "--endpoint", f"http://127.0.0.1:{listener.getsockname()[1]}",
-                 "--model", "m", "--runs-dir", str(tmp_path / "runs"), timeout=60)
+        r = cli("run", SPEC, "--endpoint", f"http://127.0.0.1:{listener.getsockname()[1]}",
+                "--model", "m", "--runs-dir", str(tmp_path / "runs"), timeout=60)
     _one_clean_line(r, 2, "--endpoint", "within 5s")
     assert time.monotonic() - t0 < 20 and not (tmp_path / "runs").exists()
 
@@ -412,11 +408,11 @@ def test_seed_is_range_checked(seed: int, repeat: int) -> None:
         assert ok
 
 
-def test_a_refused_record_mode_none_leaves_no_run_directory(tmp_path: Path) -> None:
+def test_a_refused_record_mode_none_leaves_no_run_directory(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    r = _cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--record-to",
-             str(tmp_path / "empty"), "--record-mode", "none", "--runs-dir",
-             str(tmp_path / "runs"))
+    r = cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--record-to",
+            str(tmp_path / "empty"), "--record-mode", "none", "--runs-dir",
+            str(tmp_path / "runs"))
     _one_clean_line(r, 2, "--record-mode", "missing: rogue-port-80")
     assert not (tmp_path / "runs").exists()
 
@@ -456,13 +452,15 @@ def test_bin_false_as_llama_server() -> None:
 # --- 8. every file a run writes gets the same mode -----------------------------------------------
 
 @pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
-def test_every_file_a_run_writes_respects_the_umask(umask: int, tmp_path: Path) -> None:
+def test_every_file_a_run_writes_respects_the_umask(cli: Cli, umask: int, tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     shutil.copytree(ORACLE.parent, rec)
-    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle", "--only",
-                        "rogue-port-80", "--record-to", str(rec), "--record-mode", "once",
-                        "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True,
-                       timeout=120, cwd=repo_root(), stdin=subprocess.DEVNULL, umask=umask)
+    before = os.umask(umask)  # this process's, for the one command: workers inherit it
+    try:
+        r = cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--record-to", str(rec),
+                "--record-mode", "once", "--runs-dir", str(tmp_path / "runs"))
+    finally:
+        os.umask(before)
     assert r.returncode == 0, r.stderr[-2000:]
     [run] = (tmp_path / "runs").iterdir()
     files = [p for p in run.rglob("*") if p.is_file()]

@@ -6,13 +6,11 @@ Everything here runs without a VM or a model: flags are checked before any work.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import Cli, CliResult
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,12 +19,7 @@ from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=60, cwd=repo_root(), stdin=subprocess.DEVNULL)
-
-
-def _one_clean_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+def _one_clean_line(r: CliResult, code: int, *fragments: str) -> None:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     for fragment in fragments:
@@ -50,23 +43,24 @@ def _one_clean_line(r: subprocess.CompletedProcess[str], code: int, *fragments: 
     (["--retry-infra", "-1"], "--retry-infra"),
     (["--record-mode", "once"], "--record-mode"),
 ])
-def test_bad_flags_are_refused_before_any_work(flags: list[str], fragment: str, tmp_path: Path) -> None:
+def test_bad_flags_are_refused_before_any_work(cli: Cli, flags: list[str], fragment: str,
+                                               tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    r = _cli("bench", "--runs-dir", str(runs), *flags)
+    r = cli("bench", "--runs-dir", str(runs), *flags)
     _one_clean_line(r, 2, fragment)
     assert not runs.exists(), "nothing may be made before the flags are checked"
 
 
-def test_run_checks_flags_too(tmp_path: Path) -> None:
-    r = _cli("run", str(repo_root() / "specs" / "rogue-port-80.yaml"), "--temperature", "inf",
-             "--runs-dir", str(tmp_path / "runs"))
+def test_run_checks_flags_too(cli: Cli, tmp_path: Path) -> None:
+    r = cli("run", str(repo_root() / "specs" / "rogue-port-80.yaml"), "--temperature", "inf",
+            "--runs-dir", str(tmp_path / "runs"))
     _one_clean_line(r, 2, "--temperature")
 
 
-def test_runs_dir_that_cannot_be_made(tmp_path: Path) -> None:
+def test_runs_dir_that_cannot_be_made(cli: Cli, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = _cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir", str(blocker))
+    r = cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir", str(blocker))
     _one_clean_line(r, 2, "--runs-dir")
 
 
@@ -92,19 +86,20 @@ GOOD_EPISODE = {"scenario": "rogue-port-80", "agent": "oracle", "model": "oracle
     ({"episodes": [dict(GOOD_EPISODE, turns="ten")]}, "episodes[0].turns"),
     ({"episodes": [{"verdict": "pass"}]}, "episodes[0]"),
 ])
-def test_damaged_results_are_one_line_for_report_and_resume(tmp_path: Path, data: object,
+def test_damaged_results_are_one_line_for_report_and_resume(cli: Cli, tmp_path: Path,
+                                                             data: object,
                                                              field: str | None) -> None:
     run = _results(tmp_path, data)
     for args in (["report", str(run)], ["bench", "--agent", "oracle", "--resume", str(run)]):
-        r = _cli(*args)
+        r = cli(*args)
         _one_clean_line(r, 2, "results.json", *([field] if field else []))
 
 
-def test_good_results_still_load(tmp_path: Path) -> None:
+def test_good_results_still_load(cli: Cli, tmp_path: Path) -> None:
     run = _results(tmp_path, {"episodes": [GOOD_EPISODE], "run": {}})
     _info, episodes = load_results(run)
     assert episodes[0].verdict == "pass" and episodes[0].turns == 2
-    r = _cli("report", str(run))
+    r = cli("report", str(run))
     assert r.returncode == 0 and "| rogue-port-80" in r.stdout, r.stderr
 
 
@@ -131,12 +126,12 @@ def test_fuzzed_results_end_in_results_or_invalid_input(tmp_path: Path, data: ob
         render_table(episodes, fmt)
 
 
-def test_list_prints_no_control_sequences(tmp_path: Path) -> None:
+def test_list_prints_no_control_sequences(cli: Cli, tmp_path: Path) -> None:
     spec = tmp_path / "evil.yaml"
     spec.write_text('id: evil\ntitle: "bad \\e]0;pwned\\a \\e[31mred\\e[0m \\x9b2J"\n'
                     "image: debian-12-nginx\ntask: t\nsetup: ['true']\n"
                     "probes: [{service: {name: nginx, active: true}}]\nsolution: ['true']\n")
-    r = _cli("list", str(spec))
+    r = cli("list", str(spec))
     assert r.returncode == 0, r.stderr
     assert "bad" in r.stdout and "red" in r.stdout
     assert not any(ch in r.stdout for ch in "\x1b\x07\x9b"), repr(r.stdout)
@@ -184,7 +179,7 @@ def test_catastrophic_patterns_match_in_linear_time() -> None:
     assert time.monotonic() - t0 < 1.0  # Python's re takes minutes on the first alone
 
 
-def test_validate_checks_every_file_despite_monster_patterns(tmp_path: Path) -> None:
+def test_validate_checks_every_file_despite_monster_patterns(cli: Cli, tmp_path: Path) -> None:
     good = (repo_root() / "specs" / "rogue-port-80.yaml").read_text()
     (tmp_path / "a-good.yaml").write_text(good)
     monster = "(" * 5000 + "a" + ")" * 5000
@@ -197,7 +192,7 @@ def test_validate_checks_every_file_despite_monster_patterns(tmp_path: Path) -> 
                                          "budget: {seconds: .nan}\n")
     (tmp_path / "e-port.yaml").write_text(good.replace("id: rogue-port-80", "id: e-port")
                                           .replace("http://localhost/", "http://localhost:99999/"))
-    r = _cli("validate", str(tmp_path))
+    r = cli("validate", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stdout + r.stderr
     out = r.stdout
     assert "a-good.yaml: ok" in out and "1 valid, 4 invalid" in out, out
@@ -207,13 +202,12 @@ def test_validate_checks_every_file_despite_monster_patterns(tmp_path: Path) -> 
     assert "e-port.yaml:" in out and "url" in out and "65535" in out
 
 
-def test_a_cache_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+def test_a_cache_that_is_a_file_is_one_line(cli: Cli, tmp_path: Path) -> None:
     blocker = tmp_path / "cache-file"
     blocker.write_text("x")
     runs = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle", "--only",
-                        "rogue-port-80", "--runs-dir", str(runs)], capture_output=True, text=True,
-                       timeout=60, cwd=repo_root(), env={**os.environ, "ROOTBENCH_CACHE": str(blocker)})
+    r = cli("bench", "--agent", "oracle", "--only", "rogue-port-80", "--runs-dir", str(runs),
+            env={"ROOTBENCH_CACHE": str(blocker)}, timeout=60)
     _one_clean_line(r, 2, "ROOTBENCH_CACHE", "not a folder")
     assert not runs.exists()
 
@@ -225,12 +219,13 @@ def test_a_cache_that_is_a_file_is_one_line(tmp_path: Path) -> None:
                          "    service: {name: nginx, active: true}\n    within: .nan", 1),
      ["within", "finite"]),
 ])
-def test_specs_that_used_to_validate_and_crash_later(tmp_path: Path, edit: Callable[[str], str],
+def test_specs_that_used_to_validate_and_crash_later(cli: Cli, tmp_path: Path,
+                                                     edit: Callable[[str], str],
                                                      fields: list[str]) -> None:
     spec = tmp_path / "x.yaml"
     spec.write_text(edit((repo_root() / "specs" / "rogue-port-80.yaml").read_text()))
     for command in ("validate", "list"):
-        r = _cli(command, str(spec))
+        r = cli(command, str(spec))
         assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stdout + r.stderr
         said = r.stdout + r.stderr
         assert "x.yaml:" in said and all(f in said for f in fields), said

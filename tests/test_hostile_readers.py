@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli, CliResult, run_cli_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,16 +36,12 @@ ORACLE = repo_root() / "recordings" / "oracle"
 IDS = ["bad-execstart", "broken-sshd-config"]
 
 
-def _cli(*args: str, cwd: Path | None = None, user: bool = False,
-         timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a child process; ``user``: as an unprivileged user (``nobody``) when this
-    runs as root, so that file permissions mean something."""
-    cmd = [sys.executable, "-m", "runner", *args]
-    if user and os.geteuid() == 0:
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    env = {**os.environ, "PYTHONPATH": str(repo_root())}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or repo_root(), stdin=subprocess.DEVNULL, env=env)
+def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as an unprivileged user (``nobody``) when this runs as root, so that file
+    permissions mean something. A process: another user is a process's, never a call's."""
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    # PYTHONPATH: nobody runs this checkout's code, whichever checkout the venv was installed from
+    return run_cli_process(*args, prefix=prefix, env={"PYTHONPATH": str(repo_root())})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +68,7 @@ def nobody_reaches_the_code() -> Iterator[None]:
             folder.chmod(mode)
 
 
-def _one_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+def _one_line(r: CliResult | subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "unexpected error" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -125,60 +122,62 @@ def _results(run: Path) -> dict[str, Any]:
 
 # --- 1. every path a command writes is checked before any work --------------------------------
 
-def test_report_out_to_an_existing_directory_is_refused_before_any_work(tmp_path: Path) -> None:
+def test_report_out_to_an_existing_directory_is_refused_before_any_work(cli: Cli,
+                                                                        tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     taken = tmp_path / "taken"
     taken.mkdir()
-    _one_line(_cli("report", str(run), "--html", "--out", str(taken)), 2, "--out",
+    _one_line(cli("report", str(run), "--html", "--out", str(taken)), 2, "--out",
               "is a directory")
     (run / "report.html").mkdir()  # the default target, taken by a folder
-    _one_line(_cli("report", str(run), "--html"), 2, "is a directory")
+    _one_line(cli("report", str(run), "--html"), 2, "is a directory")
 
 
-def test_report_out_to_an_unwritable_place_is_one_line(open_tmp: Path) -> None:
+def test_report_out_to_an_unwritable_place_is_one_line(cli: Cli, open_tmp: Path) -> None:
     tmp_path = open_tmp
     run = _run_dir(tmp_path)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    _one_line(_cli("report", str(run), "--html", "--out", str(blocker / "r.html")), 2, "--out",
+    _one_line(cli("report", str(run), "--html", "--out", str(blocker / "r.html")), 2, "--out",
               "not a directory")
-    _one_line(_cli("report", str(run), "--html", "--out", "/proc/rootbench/r.html"), 2, "--out")
+    _one_line(cli("report", str(run), "--html", "--out", "/proc/rootbench/r.html"), 2, "--out")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    r = _cli("report", str(run), "--html", "--out", str(locked / "r.html"), user=True)
+    r = _as_nobody("report", str(run), "--html", "--out", str(locked / "r.html"))
     _one_line(r, 2, "--out", "ermission denied")
     assert not list(locked.iterdir()), "the check leaves nothing behind"
 
 
-def test_export_out_to_an_existing_file_or_unwritable_place_is_one_line(open_tmp: Path) -> None:
+def test_export_out_to_an_existing_file_or_unwritable_place_is_one_line(cli: Cli,
+                                                                        open_tmp: Path) -> None:
     tmp_path = open_tmp
     run = _run_dir(tmp_path)
     existing = tmp_path / "out.json"
     existing.write_text("keep me")
-    _one_line(_cli("export", str(run), "--out", str(existing)), 2, "--out", "regular file")
+    _one_line(cli("export", str(run), "--out", str(existing)), 2, "--out", "regular file")
     assert existing.read_text() == "keep me"
-    _one_line(_cli("export", str(run), "--out", str(existing / "sub")), 2, "--out")
-    _one_line(_cli("export", str(run), "--out", "/proc/rootbench-atif"), 2, "--out")
+    _one_line(cli("export", str(run), "--out", str(existing / "sub")), 2, "--out")
+    _one_line(cli("export", str(run), "--out", "/proc/rootbench-atif"), 2, "--out")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    _one_line(_cli("export", str(run), "--out", str(locked / "atif"), user=True), 2, "--out",
+    _one_line(_as_nobody("export", str(run), "--out", str(locked / "atif")), 2, "--out",
               "ermission denied")
 
 
-def test_an_existing_trajectory_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+def test_an_existing_trajectory_folder_that_is_a_file_is_one_line(cli: Cli, tmp_path: Path) -> None:
     run = _run_dir(tmp_path, IDS[:1])
     out = tmp_path / "atif"
     out.mkdir()
     (out / f"{IDS[0]}.r0").write_text("a file where a folder goes")
-    _one_line(_cli("export", str(run), "--out", str(out)), 2, "not a directory")
+    _one_line(cli("export", str(run), "--out", str(out)), 2, "not a directory")
 
 
-def test_report_and_export_files_have_the_mode_of_other_run_files(tmp_path: Path) -> None:
+def test_report_and_export_files_have_the_mode_of_other_run_files(cli: Cli, tmp_path: Path) -> None:
     run = _run_dir(tmp_path, IDS[:1])
-    assert _cli("-q", "report", str(run), "--html").returncode == 0
-    assert _cli("-q", "export", str(run)).returncode == 0
+    assert cli("-q", "report", str(run), "--html").returncode == 0
+    assert cli("-q", "export", str(run)).returncode == 0
     cassette_mode = stat.S_IMODE((run / "cassettes" / f"{IDS[0]}.r0.jsonl").stat().st_mode)
     umask = os.umask(0)
     os.umask(umask)
@@ -191,10 +190,10 @@ def test_report_and_export_files_have_the_mode_of_other_run_files(tmp_path: Path
 def test_a_run_directory_that_cannot_be_entered_is_one_line(open_tmp: Path) -> None:
     run = _run_dir(open_tmp)
     run.chmod(0o700)  # root's: nobody cannot look inside
-    _one_line(_cli("report", str(run), user=True), 2, str(run), "permission denied")
-    _one_line(_cli("report", str(run), "--html", "--out", str(open_tmp / "r.html"), user=True), 2,
+    _one_line(_as_nobody("report", str(run)), 2, str(run), "permission denied")
+    _one_line(_as_nobody("report", str(run), "--html", "--out", str(open_tmp / "r.html")), 2,
               "permission denied")
-    _one_line(_cli("compare", str(run), str(run), user=True), 2, "permission denied")
+    _one_line(_as_nobody("compare", str(run), str(run)), 2, "permission denied")
 
 
 # --- 4. numbers in results.json ------------------------------------------------------------------
@@ -207,7 +206,7 @@ def test_a_run_directory_that_cannot_be_entered_is_one_line(open_tmp: Path) -> N
     ("1.5", "episodes[0].score", "greater than"),
 ])
 def test_impossible_numbers_in_results_are_one_line_naming_file_and_field(
-        tmp_path: Path, raw: str, field: str, fragment: str) -> None:
+        cli: Cli, tmp_path: Path, raw: str, field: str, fragment: str) -> None:
     run = _run_dir(tmp_path, IDS[:1])
     data = _results(run)
     key = field.split(".")[-1]
@@ -219,8 +218,8 @@ def test_impossible_numbers_in_results_are_one_line_naming_file_and_field(
     assert "set_int_max_str_digits" not in str(caught.value)
     for args in (["report", str(run)], ["report", str(run), "--html"],
                  ["compare", str(run), str(run)]):
-        _one_line(_cli(*args), 2, "results.json", field)
-    r = _cli("bench", "--agent", "oracle", "--resume", str(run), "--runs-dir", str(tmp_path))
+        _one_line(cli(*args), 2, "results.json", field)
+    r = cli("bench", "--agent", "oracle", "--resume", str(run), "--runs-dir", str(tmp_path))
     _one_line(r, 2, "results.json", field)
 
 
@@ -260,16 +259,16 @@ def test_any_number_in_results_loads_in_range_or_is_one_line(tmp_path: Path, num
     (["replay", "/nonexistent.jsonl"], 2),
     (["report", "--format", "json", "--bogus-flag"], 2),
 ])
-def test_json_errors_are_one_json_document_on_stdout(args: list[str], code: int) -> None:
-    r = _cli(*args, "--format", "json") if "--format" not in args else _cli(*args)
+def test_json_errors_are_one_json_document_on_stdout(cli: Cli, args: list[str], code: int) -> None:
+    r = cli(*args, "--format", "json") if "--format" not in args else cli(*args)
     assert r.returncode == code, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     assert doc["exit"] == code and isinstance(doc["error"], str) and doc["error"]
 
 
-def test_report_html_with_json_prints_json(tmp_path: Path) -> None:
+def test_report_html_with_json_prints_json(cli: Cli, tmp_path: Path) -> None:
     run = _run_dir(tmp_path, IDS[:1])
-    r = _cli("-q", "report", str(run), "--html", "--format", "json")
+    r = cli("-q", "report", str(run), "--html", "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"report": str(run / "report.html")}
 
@@ -339,19 +338,19 @@ def test_report_table_junit_html_and_atif_show_no_format_characters(tmp_path: Pa
         assert not _format_chars(path.read_text(encoding="utf-8"))
 
 
-def test_cli_report_and_list_write_no_format_characters(tmp_path: Path) -> None:
+def test_cli_report_and_list_write_no_format_characters(cli: Cli, tmp_path: Path) -> None:
     run = _bidi_run(tmp_path, RLO_NAME + BIDI)
     data = _results(run)
     data["episodes"][0]["scenario"] += RLO_NAME + BIDI
     (run / "results.json").write_text(json.dumps(data, ensure_ascii=False))
-    r = _cli("report", str(run))
+    r = cli("report", str(run))
     assert r.returncode == 0 and "gnp.exe" in r.stdout and not _format_chars(r.stdout), r.stdout
     spec = (repo_root() / "specs" / f"{IDS[0]}.yaml").read_text(encoding="utf-8")
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "x.yaml").write_text(spec.replace("\ntitle: ", f"\ntitle: {RLO_NAME}{BIDI} ", 1),
                                   encoding="utf-8")
-    r = _cli("list", str(specs))
+    r = cli("list", str(specs))
     assert r.returncode == 0, r.stderr
     assert "gnp.exe" in r.stdout and not _format_chars(r.stdout + r.stderr), r.stdout
 
@@ -366,7 +365,8 @@ def _secret_cassette(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize("how", ["scenario", "cassette", "arm", "symlink"])
-def test_report_never_reads_a_cassette_outside_its_run_directory(tmp_path: Path, how: str) -> None:
+def test_report_never_reads_a_cassette_outside_its_run_directory(cli: Cli, tmp_path: Path,
+                                                                 how: str) -> None:
     secret = _secret_cassette(tmp_path)
     run = _run_dir(tmp_path, IDS[:1])
     data = _results(run)
@@ -382,7 +382,7 @@ def test_report_never_reads_a_cassette_outside_its_run_directory(tmp_path: Path,
     else:
         (run / "cassettes" / f"{IDS[0]}.r0.jsonl").symlink_to(secret)
     (run / "results.json").write_text(json.dumps(data))
-    r = _cli("-q", "report", str(run), "--html", "--out", str(tmp_path / "r.html"))
+    r = cli("-q", "report", str(run), "--html", "--out", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "TOP-SECRET" not in page
@@ -406,28 +406,28 @@ def test_an_unreadable_subfolder_is_reported_and_the_exit_is_not_0(open_tmp: Pat
     shutil.copy2(ORACLE / f"{IDS[0]}.jsonl", folder / f"{IDS[0]}.jsonl")
     shutil.copy2(ORACLE / f"{IDS[1]}.jsonl", folder / "locked" / f"{IDS[1]}.jsonl")
     (folder / "locked").chmod(0o700)  # root's: nobody cannot list it
-    r = _cli("replay", "--offline", str(folder), user=True)
+    r = _as_nobody("replay", "--offline", str(folder))
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "locked" in r.stderr and "cannot list the folder" in r.stderr, r.stderr
     assert "1/2 replayed verdicts equal" in r.stdout and "unreadable" in r.stdout, r.stdout
     # A top folder that cannot be listed is said to be one, not "no cassettes found".
     (folder / "locked").chmod(0o755)
     folder.chmod(0o700)
-    r = _cli("replay", "--offline", str(folder), user=True)
+    r = _as_nobody("replay", "--offline", str(folder))
     assert r.returncode == 2 and "no cassettes found" not in r.stderr, r.stderr
     assert "permission denied" in r.stderr.lower(), r.stderr
-    r = _cli("export", str(folder), "--out", str(open_tmp / "atif"), user=True)
+    r = _as_nobody("export", str(folder), "--out", str(open_tmp / "atif"))
     _one_line(r, 2, "permission denied")
 
 
 @pytest.mark.parametrize("key,value", [("scenario", "ssh-stopped"), ("agent", "model"),
                                        ("model", "gpt-4o"), ("protocol", "json"), ("round", 3)])
-def test_a_verdict_of_another_episode_never_replays_same(tmp_path: Path, key: str,
+def test_a_verdict_of_another_episode_never_replays_same(cli: Cli, tmp_path: Path, key: str,
                                                           value: object) -> None:
     events = _events(ORACLE / f"{IDS[0]}.jsonl")
     events[-1][key] = value
     cassette = _write_events(tmp_path / "c.jsonl", events)
-    r = _cli("replay", "--offline", "--format", "json", str(cassette))
+    r = cli("replay", "--offline", "--format", "json", str(cassette))
     (row,) = json.loads(r.stdout)
     assert r.returncode == 2 and row["outcome"] == "unreadable", row
     assert f"verdict.{key}" in row["note"], row
@@ -461,7 +461,7 @@ def test_a_tampered_clock_line_is_blamed_on_itself(tmp_path: Path, which: int, t
 
 # --- 6. a crafted output cannot blow the report up ------------------------------------------------
 
-def test_a_10_mb_output_is_cut_in_the_report_and_says_by_how_much(tmp_path: Path) -> None:
+def test_a_10_mb_output_is_cut_in_the_report_and_says_by_how_much(cli: Cli, tmp_path: Path) -> None:
     run = _run_dir(tmp_path, IDS[:1])
     cassette = run / "cassettes" / f"{IDS[0]}.r0.jsonl"
     events = _events(cassette)
@@ -469,7 +469,7 @@ def test_a_10_mb_output_is_cut_in_the_report_and_says_by_how_much(tmp_path: Path
     execs = [e for e in events if e["type"] == "guest" and e["op"] == "exec"]
     execs[0]["result"]["output"] = huge
     _write_events(cassette, events)
-    r = _cli("-q", "report", str(run), "--html")
+    r = cli("-q", "report", str(run), "--html")
     assert r.returncode == 0, r.stderr
     size = (run / "report.html").stat().st_size
     assert size < 2 * 1024 * 1024, size
@@ -489,27 +489,27 @@ def _spec_with(tmp: Path, old: str, new: str) -> Path:
     return path
 
 
-def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+def test_an_exponent_without_a_dot_is_a_number(cli: Cli, tmp_path: Path) -> None:
     spec = _spec_with(tmp_path, "within: 5", "within: 5e0")
-    r = _cli("validate", str(spec))
+    r = cli("validate", str(spec))
     assert r.returncode == 0 and "ok (bad-execstart)" in r.stdout, r.stdout
     spec = _spec_with(tmp_path, "within: 5", "within: 1e9")
-    r = _cli("validate", str(spec))
+    r = cli("validate", str(spec))
     assert r.returncode == 2 and "greater than the maximum" in r.stdout, r.stdout
     assert "is not of type 'number'" not in r.stdout
     spec = _spec_with(tmp_path, "within: 5", "within: '1e1'")
-    r = _cli("validate", str(spec))
+    r = cli("validate", str(spec))
     assert r.returncode == 2 and "quoted" in r.stdout, r.stdout
 
 
-def test_an_alias_is_reported_at_its_own_line(tmp_path: Path) -> None:
+def test_an_alias_is_reported_at_its_own_line(cli: Cli, tmp_path: Path) -> None:
     text = (repo_root() / "specs" / f"{IDS[0]}.yaml").read_text(encoding="utf-8")
     lines = text.splitlines()
     lines[0] = lines[0] + "  # &base anchors below"
     text = "\n".join(lines).replace("budget:", "budget: &base", 1) + "\nextra:\n  <<: *base\n"
     spec = tmp_path / "x.yaml"
     spec.write_text(text, encoding="utf-8")
-    r = _cli("validate", str(spec))
+    r = cli("validate", str(spec))
     assert r.returncode == 2, r.stdout
     assert f"{spec}:{len(text.splitlines())}: " in r.stdout and "aliases" in r.stdout, r.stdout
 
@@ -528,7 +528,7 @@ def test_a_cut_short_cassette_counts_the_turns_it_has(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_a_results_json_that_is_a_directory_or_fifo_is_named_and_never_blocks(
-        tmp_path: Path, kind: str) -> None:
+        cli: Cli, tmp_path: Path, kind: str) -> None:
     run = _run_dir(tmp_path, IDS[:1])
     (run / "results.json").unlink()
     if kind == "directory":
@@ -539,15 +539,15 @@ def test_a_results_json_that_is_a_directory_or_fifo_is_named_and_never_blocks(
     for args in (["report", str(run)], ["report", str(run), "--html"],
                  ["compare", str(run), str(run)],
                  ["bench", "--agent", "oracle", "--resume", str(run), "--runs-dir", str(tmp_path)]):
-        r = _cli(*args, timeout=60)  # a FIFO opened for reading would block here forever
+        r = cli(*args, timeout=60)  # a FIFO opened for reading would block here forever
         _one_line(r, 2, "results.json", what)
         assert "no results.json" not in r.stderr
 
 
-def test_a_specs_folder_that_is_not_one_is_one_line(tmp_path: Path) -> None:
+def test_a_specs_folder_that_is_not_one_is_one_line(cli: Cli, tmp_path: Path) -> None:
     cassette = ORACLE / f"{IDS[0]}.jsonl"
-    _one_line(_cli("replay", "--offline", "--specs", str(tmp_path / "none"), str(cassette)), 2,
+    _one_line(cli("replay", "--offline", "--specs", str(tmp_path / "none"), str(cassette)), 2,
               "--specs", "no such directory")
     (tmp_path / "file").write_text("x")
-    _one_line(_cli("replay", "--offline", "--specs", str(tmp_path / "file"), str(cassette)), 2,
+    _one_line(cli("replay", "--offline", "--specs", str(tmp_path / "file"), str(cassette)), 2,
               "--specs", "not a directory")

@@ -21,11 +21,11 @@ from typing import Any
 
 import markupsafe
 import pytest
+from conftest import Cli
 
 from runner.app import html_report
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
-from runner.app.cli import main
 from runner.app.episodes import RunOptions
 from runner.app.html_report.render import script, script_hash
 from runner.app.runs import write_results
@@ -46,11 +46,11 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
-def _report(capsys: pytest.CaptureFixture[str], *args: str) -> Path:
+def _report(cli: Cli, *args: str) -> Path:
     """``rootbench report ... --html``; the path it printed."""
-    capsys.readouterr()
-    assert main(["-q", "report", *args, "--html"]) == 0
-    return Path(capsys.readouterr().out.strip())
+    r = cli("-q", "report", *args, "--html")
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.strip())
 
 
 # --- without a browser --------------------------------------------------------------------------
@@ -92,23 +92,22 @@ def test_bench_writes_the_report_after_each_scenario_so_an_interrupted_one_has_i
     assert f"report: {run_dir / 'again' / 'report.html'}" in caplog.text
 
 
-def test_report_cli_run_dirs_side_by_side_and_bad_input(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_cli_run_dirs_side_by_side_and_bad_input(tmp_path: Path, cli: Cli) -> None:
     a, b = tmp_path / "run-a", tmp_path / "run-b"
     _bench(a, ["rogue-port-80"])
     _bench(b, ["rogue-port-80", "permission-403"])
     (a / "report.html").unlink()
-    assert _report(capsys, str(a)) == a / "report.html"  # one run directory: its own report.html
+    assert _report(cli, str(a)) == a / "report.html"  # one run directory: its own report.html
     out = tmp_path / "ab.html"
-    assert _report(capsys, str(a), str(b), "--out", str(out)) == out
+    assert _report(cli, str(a), str(b), "--out", str(out)) == out
     page = out.read_text()
     assert "<title>rootbench: run-a vs run-b</title>" in page
     assert page.count('class="group"') == 2  # the heat map has one column group per run
-    assert main(["report", str(a), "--out", str(out)]) == 2
-    assert "--out" in capsys.readouterr().err
-    assert main(["report", str(ORACLE / "cpu-hog.jsonl")]) == 2
-    assert "--html" in capsys.readouterr().err
-    assert main(["report", str(tmp_path / "nope"), "--html"]) == 2
+    r = cli("report", str(a), "--out", str(out))
+    assert r.returncode == 2 and "--out" in r.stderr
+    r = cli("report", str(ORACLE / "cpu-hog.jsonl"))
+    assert r.returncode == 2 and "--html" in r.stderr
+    assert cli("report", str(tmp_path / "nope"), "--html").returncode == 2
 
 
 def test_without_matplotlib_the_report_has_no_plots_and_says_so(tmp_path: Path,
@@ -283,12 +282,12 @@ def _only_local(driver) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.browser
 def test_report_of_committed_runs_reads_and_folds_in_chromium(
-        browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        browser: Any, tmp_path: Path, cli: Cli) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
     cassettes = [*sorted(ORACLE.glob("*.jsonl")), *sorted(LIVE_JSON.glob("*.jsonl"))]
-    page = _report(capsys, *map(str, cassettes), "--out", str(tmp_path / "report.html"))
+    page = _report(cli, *map(str, cassettes), "--out", str(tmp_path / "report.html"))
     logs = _load(driver, page)
     assert driver.title == "rootbench: oracle · tools, qwen2.5-coder-1.5b · json"
     _only_local(driver)
@@ -416,16 +415,16 @@ def _shape(driver) -> dict[str, int]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.browser
 def test_hostile_cassette_text_stays_text_in_chromium(
-        browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        browser: Any, tmp_path: Path, cli: Cli) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
-    benign = _report(capsys, str(_hostile_cassette(tmp_path / "benign.jsonl", False)),
+    benign = _report(cli, str(_hostile_cassette(tmp_path / "benign.jsonl", False)),
                      "--out", str(tmp_path / "benign.html"))
     _load(driver, benign)
     benign_shape = _shape(driver)
 
-    page = _report(capsys, str(_hostile_cassette(tmp_path / "hostile.jsonl", True)),
+    page = _report(cli, str(_hostile_cassette(tmp_path / "hostile.jsonl", True)),
                    "--out", str(tmp_path / "hostile.html"))
     assert "\x1b" not in page.read_text(encoding="utf-8")
     logs = _load(driver, page)
@@ -452,7 +451,7 @@ def test_hostile_cassette_text_stays_text_in_chromium(
 
     # The filter reads hostile text and shows it, never runs it: the hostile and the benign
     # episode in one page, found by a word of the payload, by a tag, and sorted.
-    both = _report(capsys, str(tmp_path / "benign.jsonl"), str(tmp_path / "hostile.jsonl"),
+    both = _report(cli, str(tmp_path / "benign.jsonl"), str(tmp_path / "hostile.jsonl"),
                    "--out", str(tmp_path / "both.html"))
     logs = _load(driver, both)
     assert _shown(driver) == 2

@@ -7,11 +7,10 @@ archived cassettes with the writer the bench uses."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+from conftest import Cli
 
 from runner.app.runs import episodes_from_recordings, write_results
 from runner.core.cassette import Cassette
@@ -20,12 +19,6 @@ from runner.core.paths import repo_root
 ARCHIVE = repo_root() / "recordings" / "archive" / "2026-12-04-before-validity" / \
     "qwen2.5-coder-1.5b-json"
 NAMES = ["ssh-stopped.r0.jsonl", "rogue-port-80.r0.jsonl"]
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # PYTHONPATH: from another working directory, still this checkout's code.
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env={**os.environ, "PYTHONPATH": str(repo_root())})
 
 
 def _run_dir(tmp_path: Path) -> tuple[Path, list[str]]:
@@ -50,27 +43,29 @@ def _leaks(text: str, tmp_path: Path, recorded: list[str]) -> list[str]:
     return [p for p in local if p in text]
 
 
-def test_the_html_report_names_cassettes_relative_to_the_run_directory(tmp_path: Path) -> None:
+def test_the_html_report_names_cassettes_relative_to_the_run_directory(cli: Cli,
+                                                                       tmp_path: Path) -> None:
     run, recorded = _run_dir(tmp_path)
     out = tmp_path / "r.html"
-    r = _cli("report", str(run), "--html", "--out", str(out), cwd=repo_root())
+    r = cli("report", str(run), "--html", "--out", str(out), cwd=repo_root())
     assert r.returncode == 0, r.stderr
     html = out.read_text()
     assert "cassette: cassettes/ssh-stopped.r0.jsonl" in html
     assert _leaks(html, tmp_path, recorded) == []
     # Loose cassettes and a recordings folder, named absolutely: by file name.
     loose = tmp_path / "loose.html"
-    r = _cli("report", str(ARCHIVE / NAMES[0]), str(ARCHIVE), "--html", "--out", str(loose),
-             cwd=tmp_path)
+    r = cli("report", str(ARCHIVE / NAMES[0]), str(ARCHIVE), "--html", "--out", str(loose),
+            cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     html = loose.read_text()
     assert "cassette: ssh-stopped.r0.jsonl" in html
     assert _leaks(html, tmp_path, recorded) == []
 
 
-def test_report_json_names_cassettes_relative_to_the_run_directory(tmp_path: Path) -> None:
+def test_report_json_names_cassettes_relative_to_the_run_directory(cli: Cli,
+                                                                   tmp_path: Path) -> None:
     run, recorded = _run_dir(tmp_path)
-    r = _cli("report", str(run), "--format", "json", cwd=tmp_path)
+    r = cli("report", str(run), "--format", "json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     shown = [ep["cassette"] for ep in json.loads(r.stdout)["episodes"]]
     assert shown == [f"cassettes/{n}" for n in NAMES]
@@ -78,13 +73,13 @@ def test_report_json_names_cassettes_relative_to_the_run_directory(tmp_path: Pat
 
 
 def test_the_html_report_of_a_recordings_folder_goes_to_the_working_directory(
-        tmp_path: Path) -> None:
+        cli: Cli, tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
     shutil.copy2(ARCHIVE / NAMES[0], rec / NAMES[0])
     work = tmp_path / "work"
     work.mkdir()
-    r = _cli("report", str(rec), "--html", cwd=work)
+    r = cli("report", str(rec), "--html", cwd=work)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "report.html" and (work / "report.html").is_file()
     assert sorted(p.name for p in rec.iterdir()) == [NAMES[0]]  # nothing written among them

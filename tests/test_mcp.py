@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from conftest import Cli, cli_argv
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -31,9 +31,9 @@ SPEC = "specs/dir-missing-exec.yaml"
 
 
 def _params(runs: Path, *extra: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "runner", "mcp", SPEC, "--runs-dir", str(runs), *extra],
-                                 cwd=str(ROOT))
+    # A process: the MCP SDK's stdio client starts the server and speaks to it over its stdin/stdout.
+    command, *args = cli_argv("mcp", SPEC, "--runs-dir", str(runs), *extra)
+    return StdioServerParameters(command=command, args=args, cwd=str(ROOT))
 
 
 def _results(runs: Path, within: float = 240.0) -> dict[str, Any]:
@@ -52,11 +52,10 @@ def _text(result: Any) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 
-def test_a_bad_spec_or_address_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_bad_spec_or_address_is_one_line_and_exit_2(cli: Cli, tmp_path: Path) -> None:
     for args, says in ((["specs/nope.yaml"], "nope.yaml"),
                        ([SPEC, "--http", "localhost:http"], "--http: not [HOST:]PORT")):
-        r = subprocess.run([sys.executable, "-m", "runner", "mcp", *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        r = cli("mcp", *args, timeout=60)
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
 
@@ -103,8 +102,9 @@ def _free_port() -> int:
 @pytest.mark.vm
 def test_nothing_then_finish_over_streamable_http_fails(tmp_path: Path, image: Any) -> None:
     runs, port = tmp_path / "runs", _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "runner", "mcp", SPEC, "--http",
-                               f"127.0.0.1:{port}", "--runs-dir", str(runs)], cwd=ROOT,
+    # A process: the server listens while this test is its HTTP client.
+    server = subprocess.Popen(cli_argv("mcp", SPEC, "--http", f"127.0.0.1:{port}", "--runs-dir",
+                                       str(runs)), cwd=ROOT,
                               stdin=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
     try:
         deadline = time.monotonic() + 60

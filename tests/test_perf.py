@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from conftest import Cli
 
 from runner.core.episode import PHASES
-from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 
 
-def test_perf_json_counts_every_round_trip_of_every_sandbox() -> None:
-    r = subprocess.run([sys.executable, "-m", "runner", "-q", "perf", "--format", "json", "--no-model", "--no-verify"],
-                       capture_output=True, text=True, timeout=1800, cwd=repo_root())
+def test_perf_json_counts_every_round_trip_of_every_sandbox(cli: Cli) -> None:
+    r = cli("-q", "perf", "--format", "json", "--no-model", "--no-verify", timeout=1800)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)  # one JSON document
     # Three restored sandboxes, twenty commands each: the median is over all sixty

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from conftest import Cli, cli_argv, run_cli_process
 
 from runner.core.paths import repo_root
 
@@ -95,18 +96,14 @@ def ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clu
         assert not left, f"Ray processes outlived ray.shutdown(): {left}"
 
 
-def _bench(*args: str, runs: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                           "--runs-dir", str(runs), "--format", "json", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=repo_root())
-
-
 def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
-        ray_cluster: Cluster, tmp_path: Path) -> None:
-    local = _bench("--only", *PUBLISHED, runs=tmp_path / "local")
+        cli: Cli, ray_cluster: Cluster, tmp_path: Path) -> None:
+    bench = ("bench", "--agent", "oracle", "--format", "json", "--only", *PUBLISHED)
+    local = cli(*bench, "--runs-dir", str(tmp_path / "local"), timeout=1800)
     assert local.returncode == 0, local.stderr[-2000:]
-    ray = _bench("--executor", "ray", "--ray-address", ray_cluster.address, "--only", *PUBLISHED,
-                 runs=tmp_path / "ray")
+    # A process: a Ray driver (ray.init) is connected to the cluster for as long as it lives.
+    ray = run_cli_process(*bench, "--executor", "ray", "--ray-address", ray_cluster.address,
+                          "--runs-dir", str(tmp_path / "ray"), timeout=1800)
     assert ray.returncode == 0, ray.stderr[-3000:]
     verdicts = [[(e["scenario"], e["verdict"], e["score"]) for e in json.loads(r.stdout)["episodes"]]
                 for r in (local, ray)]
@@ -117,9 +114,7 @@ def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
     assert data["run"]["jobs"] == 2
     for e in data["episodes"]:  # each cassette came back from its worker into the run directory
         assert Path(e["cassette"]).parent == run_dir / "cassettes" and Path(e["cassette"]).is_file()
-    rep = subprocess.run([sys.executable, "-m", "runner", "replay", "--offline",
-                          str(run_dir / "cassettes")], capture_output=True, text=True,
-                         timeout=300, cwd=repo_root())
+    rep = cli("replay", "--offline", str(run_dir / "cassettes"), timeout=300)
     assert rep.returncode == 0 and "3/3 replayed verdicts equal" in rep.stdout, rep.stdout
     # the workers left no VM running and no socket directory behind
     assert not subprocess.run(["pgrep", "-f", str(ray_cluster.tmp)], capture_output=True,
@@ -131,10 +126,11 @@ def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
 def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
         ray_cluster: Cluster, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                             "--executor", "ray", "--ray-address", ray_cluster.address,
-                             "--jobs", "1", "--runs-dir", str(runs), "--format", "json",
-                             "--only", "rogue-port-80", "permission-403"],
+    # A process: a Ray driver, and the test kills a worker while the bench runs.
+    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--executor", "ray",
+                                     "--ray-address", ray_cluster.address, "--jobs", "1",
+                                     "--runs-dir", str(runs), "--format", "json",
+                                     "--only", "rogue-port-80", "permission-403"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     # The first episode's QEMU runs under its Ray worker: kill that worker (SIGKILL) mid-episode.
@@ -163,11 +159,11 @@ def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
 @pytest.mark.model
 def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback(
         ray_cluster: Cluster, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--executor", "ray",
-                        "--ray-address", ray_cluster.address, "--model", "qwen2.5-coder-0.5b",
-                        "--protocol", "json", "--max-tokens", "96", "--only", "nginx-stopped",
-                        "--runs-dir", str(tmp_path / "runs"), "--format", "json"],
-                       capture_output=True, text=True, timeout=1800, cwd=repo_root())
+    # A process: a Ray driver (ray.init) is connected to the cluster for as long as it lives.
+    r = run_cli_process("bench", "--executor", "ray", "--ray-address", ray_cluster.address,
+                        "--model", "qwen2.5-coder-0.5b", "--protocol", "json", "--max-tokens",
+                        "96", "--only", "nginx-stopped", "--runs-dir", str(tmp_path / "runs"),
+                        "--format", "json", timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     [ep] = json.loads(r.stdout)["episodes"]
     assert ep["verdict"] in ("pass", "fail") and ep["turns"] >= 1 and ep["tokens_in"] > 0, ep
@@ -212,11 +208,11 @@ def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
         assert recorded.is_file(), (tmp_path / "head.log").read_text()[-2000:]
         empty = tmp_path / "recordings"
         empty.mkdir()
-        r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                            "--executor", "ray", "--ray-address", "auto", "--only", "rogue-port-80",
-                            "--record-to", str(empty), "--record-mode", "none",
-                            "--runs-dir", str(tmp_path / "runs")],
-                           capture_output=True, text=True, timeout=300, cwd=repo_root(), env=env)
+        # A process: Ray resolves auto with its own modules, which keep state once imported.
+        r = run_cli_process("bench", "--agent", "oracle", "--executor", "ray", "--ray-address",
+                            "auto", "--only", "rogue-port-80", "--record-to", str(empty),
+                            "--record-mode", "none", "--runs-dir", str(tmp_path / "runs"),
+                            env=env, timeout=300)
         assert r.returncode == 2, r.stderr
         found, refused = r.stderr.strip().splitlines()
         assert found.startswith("[bench] --ray-address auto: ") and found.endswith(f":{port}")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import qemu_children, qemu_pids, snapshot_hashes
+from conftest import Cli, cli_argv, qemu_children, qemu_pids, snapshot_hashes
 from tabulate import tabulate
 
 from runner.app.agents import AgentChoice
@@ -182,9 +182,10 @@ def test_redefined_tools_cannot_fake_success(transport: str) -> None:
 
 def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                             "--runs-dir", str(tmp_path), "--format", "plain",
-                             "--only", "masked-unit", "rogue-port-80", "permission-403"],
+    # A process: SIGTERM is sent to it, and its exit status is 143.
+    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--runs-dir", str(tmp_path),
+                                     "--format", "plain", "--only", "masked-unit",
+                                     "rogue-port-80", "permission-403"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     results = None
@@ -213,7 +214,7 @@ def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> No
          f"exit {proc.returncode}; {len(data['episodes'])} result(s) kept; no QEMU left")
 
 
-def test_disk_full_in_the_run_directory(tmp_path: Path) -> None:
+def test_disk_full_in_the_run_directory(cli: Cli, tmp_path: Path) -> None:
     mnt = tmp_path / "small"
     mnt.mkdir()
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
@@ -221,10 +222,8 @@ def test_disk_full_in_the_run_directory(tmp_path: Path) -> None:
                       capture_output=True).returncode != 0:
         pytest.fail("needs root (or sudo -n) to mount a small tmpfs for the disk-full case")
     try:
-        r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                            "--runs-dir", str(mnt), "--only", "masked-unit", "rogue-port-80",
-                            "permission-403", "nginx-config-syntax"], cwd=repo_root(),
-                           capture_output=True, text=True, timeout=900)
+        r = cli("bench", "--agent", "oracle", "--runs-dir", str(mnt), "--only", "masked-unit",
+                "rogue-port-80", "permission-403", "nginx-config-syntax", timeout=900)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-800:]
         assert "disk is full" in r.stderr
         results = list(mnt.glob("*/results.json"))

@@ -13,17 +13,14 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.app.cli import main
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import run_episode
@@ -51,12 +48,12 @@ def _write(path: Path, events: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``rootbench -q replay --offline ARGS`` in this process: exit code, stdout, stderr."""
-    code = main(["-q", "replay", "--offline", *args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
+def _replay(cli: Cli, *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    """``rootbench -q replay --offline ARGS`` in this process (from ``cwd``, else the
+    checkout's root): exit code, stdout, stderr."""
+    r = cli("-q", "replay", "--offline", *args, cwd=cwd, timeout=60)  # a hang fails at the timeout
+    assert "Traceback" not in r.stdout + r.stderr
+    return r.returncode, r.stdout, r.stderr
 
 
 def _row(out: str, cassette: Path) -> list[str]:
@@ -110,15 +107,15 @@ def _record_infra_error(path: Path) -> Path:
 
 
 def test_an_infra_error_cassette_whose_task_changed_is_a_mismatch(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     cassette = _record_infra_error(tmp_path / "infra.jsonl")
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     assert code == 0 and _row(out, cassette)[2:6] == ["infra-error", "infra-error", "yes", "same"]
 
     events = _events(cassette)
     events[0]["scenario"]["task"] = "An edited task text."
     _write(cassette, events)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     # Before, the divergence itself became the verdict infra-error, and so "same", exit 0.
     assert code == 1, out
     row = _row(out, cassette)
@@ -127,48 +124,48 @@ def test_an_infra_error_cassette_whose_task_changed_is_a_mismatch(
 
 
 def test_a_guest_mismatch_names_the_exchange_and_the_field(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     events = _events(ORACLE)
     setup = events[0]["scenario"]["setup"]
     setup[0] = setup[0] + " # edited"
     cassette = _write(tmp_path / "c.jsonl", events)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     assert code == 1
     note = _row(out, cassette)[6]
     assert note.startswith("guest exchange ") and "(clean): input.command: " in note, note
 
 
 def test_a_run_that_stops_short_of_the_recording_is_a_mismatch(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     # One more recorded clock reading than the run asks for: the run did not do what was recorded.
     events = _events(ORACLE)
     # (A reading the clock could have given: not after the episode's end, see the next test.)
     last = [e for e in events if e["type"] == "clock"][-1]["t"]
     events.insert(-1, {"type": "clock", "t": last})
     cassette = _write(tmp_path / "c.jsonl", events)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     assert code == 1
     row = _row(out, cassette)
     assert row[5] == "mismatch" and f"the cassette has 1 more (the next: t={last})" in row[6], row
 
 
 def test_a_reading_after_the_episode_ended_is_blamed_on_its_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     events = _events(ORACLE)
     events.insert(-1, {"type": "clock", "t": 999.0})
     cassette = _write(tmp_path / "c.jsonl", events)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     row = _row(out, cassette)
     assert code == 2 and row[5] == "unreadable", row
     assert f"{cassette}:{len(events) - 1}: clock.t: clock reading t=999.0 is later than" in row[6]
 
 
 def test_a_different_verdict_is_different(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+                                          cli: Cli) -> None:
     events = _events(ORACLE)
     events[-1]["verdict"] = "fail"
     cassette = _write(tmp_path / "c.jsonl", events)
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette))
     assert code == 1 and _row(out, cassette)[2:6] == ["fail", "pass", "NO", "different"]
 
 
@@ -185,18 +182,18 @@ def _copy_with_spec(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_an_edited_spec_is_spec_changed_unless_allowed(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     cassette, spec = _copy_with_spec(tmp_path)
-    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
+    code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     assert code == 0 and _row(out, cassette)[5] == "same"
 
     spec.write_text(spec.read_text() + "# an edit\n")
-    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
+    code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[3:6] == ["spec-changed", "NO", "spec-changed"], row
     assert f"{spec} changed since the recording" in row[6], row
 
-    code, out, _err = _replay(capsys, "--allow-spec-changes", "--specs", str(spec.parent), str(cassette))
+    code, out, _err = _replay(cli, "--allow-spec-changes", "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 0 and row[2:6] == ["pass", "pass", "yes", "same"], row
     assert "spec changed" in row[6], row
@@ -216,30 +213,29 @@ def _own_scenario(tmp_path: Path) -> tuple[Path, Path]:
     return _write(tmp_path / "cassettes" / "my-cpu-hog.jsonl", events), spec
 
 
-def test_a_deleted_spec_is_spec_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_deleted_spec_is_spec_changed(tmp_path: Path, cli: Cli) -> None:
     cassette, spec = _own_scenario(tmp_path)
-    assert _replay(capsys, "--specs", str(spec.parent), str(cassette))[0] == 0
+    assert _replay(cli, "--specs", str(spec.parent), str(cassette))[0] == 0
     spec.unlink()
-    code, out, _err = _replay(capsys, "--specs", str(spec.parent), str(cassette))
+    code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[5] == "spec-changed" and "no spec with id 'my-cpu-hog'" in row[6], row
 
 
-def test_the_header_path_is_never_read_wherever_replay_runs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_header_path_is_never_read_wherever_replay_runs(tmp_path: Path, cli: Cli) -> None:
     """Issue 27: the spec named by the header was hashed (any host file: /etc/passwd), and a
     cassette whose id is not in specs/ replayed "same" from the repo root only, bypassing --specs."""
     cassette, spec = _own_scenario(tmp_path)
     for cwd in (ROOT, tmp_path, spec.parent):
-        monkeypatch.chdir(cwd)
-        code, out, _err = _replay(capsys, str(cassette))
+        code, out, _err = _replay(cli, str(cassette), cwd=cwd)
         row = _row(out, cassette)
         assert code == 1 and row[5] == "spec-changed" and "cannot prove" in row[6], row
-        code, out, _err = _replay(capsys, "--specs", str(tmp_path / "cassettes"), str(cassette))
+        code, out, _err = _replay(cli, "--specs", str(tmp_path / "cassettes"), str(cassette),
+                                  cwd=cwd)
         assert code == 1 and _row(out, cassette)[5] == "spec-changed"
     # Beside the cassette, or in a --specs folder, it is found by its id: same.
     shutil.copy(spec, cassette.parent / "whatever.yaml")
-    code, out, _err = _replay(capsys, str(cassette))
+    code, out, _err = _replay(cli, str(cassette), cwd=spec.parent)
     assert code == 0 and _row(out, cassette)[5] == "same"
     # The header naming a host file: never hashed, never quoted.
     events = _events(ORACLE)
@@ -248,7 +244,7 @@ def test_the_header_path_is_never_read_wherever_replay_runs(
     events[0]["spec_hash"] = events[0]["scenario"]["spec_hash"] = \
         hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
     hostile = _write(tmp_path / "hostile" / "passwd.jsonl", events)
-    code, out, _err = _replay(capsys, str(hostile))
+    code, out, _err = _replay(cli, str(hostile), cwd=spec.parent)
     row = _row(out, hostile)
     assert code == 1 and row[5] == "spec-changed" and "/etc/passwd" not in row[6], row
     digest = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
@@ -319,11 +315,11 @@ def _guest_op(events: list[dict[str, Any]]) -> int:
     (_guest_op, "guest.op"),
 ])
 def test_a_wrong_type_is_one_line_naming_file_line_and_field(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any, field: str) -> None:
+        tmp_path: Path, cli: Cli, damage: Any, field: str) -> None:
     events = _events(LIVE)
     line = damage(events)
     cassette = _write(tmp_path / "bad.jsonl", events)
-    code, out, err = _replay(capsys, str(cassette))
+    code, out, err = _replay(cli, str(cassette))
     assert code == 2, out + err
     said = [ln for ln in err.splitlines() if ln.strip()]
     assert len(said) == 1 and said[0].startswith(f"rootbench: {cassette}:{line}: {field}: "), err
@@ -366,25 +362,19 @@ def test_every_committed_cassette_is_valid() -> None:
 
 # --- files that are not cassettes at all -------------------------------------------------
 
-def _rb(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command in a child, so a hang is a timeout here and not a stuck test run."""
-    return subprocess.run([sys.executable, "-m", "runner", "-q", "replay", "--offline", *args],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
-
-
-def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+def test_a_fifo_is_refused_without_waiting_for_a_writer(cli: Cli, tmp_path: Path) -> None:
     fifo = tmp_path / "x.jsonl"
     os.mkfifo(fifo)
-    r = _rb(str(fifo))
+    r = cli("-q", "replay", "--offline", str(fifo), timeout=60)  # a hang fails at the timeout
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"rootbench: {fifo}: not a regular file" in r.stderr
 
 
-def test_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+def test_dev_zero_is_refused_without_reading_it(cli: Cli, tmp_path: Path) -> None:
     link = tmp_path / "zero.jsonl"
     link.symlink_to("/dev/zero")
     for path in ("/dev/zero", str(link)):
-        r = _rb(path)
+        r = cli("-q", "replay", "--offline", path, timeout=60)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert f"rootbench: {path}: not a regular file" in r.stderr
 
@@ -399,7 +389,7 @@ def test_an_oversized_file_is_refused_unread(tmp_path: Path,
 
 
 def test_a_folder_with_one_bad_file_replays_the_good_ones(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     folder = tmp_path / "recordings"
     # Two cassettes of today's specs (a shortcut's run as the second), in two sub-folders.
     second = sorted((ROOT / "recordings" / "oracle" / "shortcuts").rglob("*.jsonl"))[0]
@@ -411,12 +401,7 @@ def test_a_folder_with_one_bad_file_replays_the_good_ones(
     bad.write_text("this is not JSON\n")
     fifo = folder / "fifo.jsonl"
     os.mkfifo(fifo)
-    done: list[tuple[int, str, str]] = []
-    worker = threading.Thread(target=lambda: done.append(_replay(capsys, str(folder))), daemon=True)
-    worker.start()
-    worker.join(60)
-    assert done, "the replay of a folder holding a FIFO did not finish"
-    code, out, err = done[0]
+    code, out, err = _replay(cli, str(folder))  # fails at its timeout if the FIFO blocked it
     assert code == 2, out + err
     for path in good:
         assert _row(out, path)[4:6] == ["yes", "same"]
@@ -428,14 +413,14 @@ def test_a_folder_with_one_bad_file_replays_the_good_ones(
 
 
 def test_a_missing_path_on_the_command_line_is_exit_2_at_once(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _replay(capsys, "no/such/cassette.jsonl")
+        cli: Cli) -> None:
+    code, out, err = _replay(cli, "no/such/cassette.jsonl")
     assert code == 2 and not out and "no/such/cassette.jsonl: no such file" in err
 
 
-def test_the_committed_recordings_all_replay_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_committed_recordings_all_replay_the_same(cli: Cli) -> None:
     live = sorted((ROOT / "recordings" / "live").glob("*/"))  # empty until re-run under rules 2
-    code, out, _err = _replay(capsys, str(ROOT / "recordings" / "oracle"), *map(str, live))
+    code, out, _err = _replay(cli, str(ROOT / "recordings" / "oracle"), *map(str, live))
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ".jsonl" in ln]
     assert code == 0 and len(rows) >= 29
     assert all(f"| {ReplayResult.SAME.value} " in row for row in rows)

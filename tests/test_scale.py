@@ -1,7 +1,7 @@
 """Scale on one host, on real VMs: --jobs N episodes at once, Ctrl-C during them, a model x protocol matrix.
 
-Each bench runs as the real command in a subprocess with a private TMPDIR,
-where every VM's overlay and socket directory and every job's folder lives:
+Each bench runs the real command (in this process; for Ctrl-C, as a process of its own) with a
+private TMPDIR, where every VM's overlay and socket directory and every job's folder lives:
 "nothing left behind" is that directory empty and no process naming it.
 """
 
@@ -11,11 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import Cli, CliResult, cli_argv, run_cli
 
 from runner.core.paths import repo_root
 
@@ -27,15 +27,13 @@ FOUR = ["permission-403", "nginx-stopped", "site-config-renamed", "hosts-name-ty
 
 def _env(tmp: Path) -> dict[str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "TMPDIR": str(tmp)}
+    return {"TMPDIR": str(tmp)}
 
 
-def _bench(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _bench(tmp_path: Path, name: str, *args: str) -> tuple[CliResult, Path]:
     runs = tmp_path / name
-    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                        "--runs-dir", str(runs), "--format", "json", *args],
-                       capture_output=True, text=True, timeout=1800, cwd=repo_root(),
-                       env=_env(tmp_path / f"{name}-tmp"))
+    r = run_cli("bench", "--agent", "oracle", "--runs-dir", str(runs), "--format", "json", *args,
+                env=_env(tmp_path / f"{name}-tmp"), timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     [run_dir] = runs.iterdir()
     return r, run_dir
@@ -67,11 +65,12 @@ def test_jobs_2_gives_the_verdicts_of_jobs_1_with_episodes_overlapping(tmp_path:
 def test_ctrl_c_during_a_jobs_2_bench_tears_down_and_keeps_the_finished(tmp_path: Path) -> None:
     tmp = tmp_path / "tmp"
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                             "--jobs", "2", "--runs-dir", str(runs), "--format", "plain",
-                             "--only", *FOUR, "rogue-port-80", "nginx-config-syntax"],
+    # A process: Ctrl-C goes to its whole process group and its exit status is 130.
+    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--jobs", "2", "--runs-dir",
+                                     str(runs), "--format", "plain", "--only", *FOUR,
+                                     "rogue-port-80", "nginx-config-syntax"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(tmp), start_new_session=True)
+                            text=True, env={**os.environ, **_env(tmp)}, start_new_session=True)
     deadline = time.monotonic() + 600
     results = None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -94,7 +93,7 @@ def test_ctrl_c_during_a_jobs_2_bench_tears_down_and_keeps_the_finished(tmp_path
 
 
 def test_a_matrix_of_two_protocols_is_one_run_directory_whose_report_shows_both(
-        tmp_path: Path) -> None:
+        cli: Cli, tmp_path: Path) -> None:
     ids = ["permission-403", "nginx-stopped"]
     r, run_dir = _bench(tmp_path, "matrix", "--protocol", "json", "--protocol", "text",
                         "--jobs", "2", "--only", *ids)
@@ -105,22 +104,18 @@ def test_a_matrix_of_two_protocols_is_one_run_directory_whose_report_shows_both(
         assert sorted(x.name for x in (run_dir / "cassettes" / f"oracle-{p}").iterdir()) == sorted(
             f"{s}.r0.jsonl" for s in ids)
     # `report`: the table leads with model and protocol; the HTML has a run per arm
-    table = subprocess.run([sys.executable, "-m", "runner", "report", str(run_dir), "--format",
-                            "plain"], capture_output=True, text=True, timeout=120, cwd=repo_root())
+    table = cli("report", str(run_dir), "--format", "plain")
     assert table.returncode == 0, table.stderr
     rows = [ln.split()[:4] for ln in table.stdout.splitlines()[1:5]]
     assert rows == [["oracle", p, s, "pass"] for p in ("json", "text") for s in ids]
     page = (run_dir / "report.html").read_text()
     assert f"{run_dir.name} · oracle-json" in page and f"{run_dir.name} · oracle-text" in page
     # the cassettes replay offline, each in its own protocol
-    rep = subprocess.run([sys.executable, "-m", "runner", "replay", "--offline",
-                          str(run_dir / "cassettes")], capture_output=True, text=True,
-                         timeout=300, cwd=repo_root())
+    rep = cli("replay", "--offline", str(run_dir / "cassettes"), timeout=300)
     assert rep.returncode == 0 and "4/4 replayed verdicts equal" in rep.stdout, rep.stdout
     # --resume of the matrix finds every arm's episodes done and runs nothing
-    again = subprocess.run([sys.executable, "-m", "runner", "bench", "--agent", "oracle",
-                            "--protocol", "json", "--protocol", "text", "--only", *ids,
-                            "--resume", str(run_dir)], capture_output=True, text=True,
-                           timeout=300, cwd=repo_root(), env=_env(tmp_path / "resume-tmp"))
+    again = cli("bench", "--agent", "oracle", "--protocol", "json", "--protocol", "text",
+                "--only", *ids, "--resume", str(run_dir), env=_env(tmp_path / "resume-tmp"),
+                timeout=300)
     assert again.returncode == 0 and "1/4" not in again.stderr, again.stderr[-1500:]
     _nothing_left(tmp_path / "matrix-tmp")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli
 from flag_guest import FlagGuest
 
 from runner.app import bench as bench_mod
@@ -22,7 +23,6 @@ from runner.app import episodes as episodes_mod
 from runner.app import html_report
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
-from runner.app.cli import main
 from runner.app.episodes import RunOptions, header, run_one
 from runner.app.replay import replay_one
 from runner.app.report import GRADED_COLUMNS, render_table
@@ -418,23 +418,23 @@ def test_cassette_names_read_back_as_they_are_written(name: str,
 
 
 def test_the_ladder_with_the_oracle_replays_committed_cassettes_and_stops_at_level_0(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, cli: Cli) -> None:
     """No VM: the oracle passes at level 0, so the ladder never climbs to the hints these have."""
-    code = main(["-q", "bench", "--agent", "oracle", "--ladder", "--only", "permission-403",
-                 "rogue-port-80", "--record-to", str(repo_root() / "recordings" / "oracle"),
-                 "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json"])
-    assert code == 0
-    out = json.loads(capsys.readouterr().out)
+    r = cli("-q", "bench", "--agent", "oracle", "--ladder", "--only", "permission-403",
+            "rogue-port-80", "--record-to", str(repo_root() / "recordings" / "oracle"),
+            "--record-mode", "once", "--runs-dir", str(tmp_path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
     assert [(e["scenario"], e["hint_level"], e["score"]) for e in out["episodes"]] == [
         ("permission-403", 0, 1.0), ("rogue-port-80", 0, 1.0)]
 
 
 @pytest.mark.parametrize("argv", [["--hints", "-1"], ["--hints", "101"], ["--ladder", "--hints", "1"]])
 def test_bad_hint_flags_are_refused_before_any_work(tmp_path: Path, argv: list[str],
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "--agent", "noop", *argv, "--runs-dir", str(tmp_path / "runs")])
-    assert code == 2
-    [line] = capsys.readouterr().err.splitlines()  # one line naming the flag at fault
+                                                    cli: Cli) -> None:
+    r = cli("bench", "--agent", "noop", *argv, "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 2
+    [line] = r.stderr.splitlines()  # one line naming the flag at fault
     assert line.startswith("rootbench: --ladder: " if "--ladder" in argv else "rootbench: --hints: "), line
     assert not (tmp_path / "runs").exists()
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import CliResult, run_cli
 
 from runner.app.verify import (
     CHECKS,
@@ -27,9 +26,8 @@ from runner.core.paths import repo_root
 from runner.core.spec import load_spec, load_specs
 
 
-def _verify(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", "verify", "--jobs", "2", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=repo_root())
+def _verify(*args: str, timeout: float = 3600) -> CliResult:
+    return run_cli("verify", "--jobs", "2", *args, timeout=timeout)
 
 
 @pytest.mark.vm

@@ -629,7 +629,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     address = mcp_server.parse_http(args.http) if args.http else None
     cache_root()
     if address is None and not os.environ.get(mcp_server.DETACHED_ENV):
-        return mcp_server.detach(sys.argv[1:])  # see mcp_server.detach: judging outlives the client
+        return mcp_server.detach(args.argv)  # see mcp_server.detach: judging outlives the client
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
                       hints=level, track_fix=args.track_fix)
     host, port = address or ("", 0)
@@ -990,6 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             print(json.dumps({"error": printable(exc.line), "exit": 2}), flush=True)
         raise
+    args.argv = argv  # the command as given (``mcp`` runs it again), not sys.argv: main([...]) too
     as_json = getattr(args, "format", None) == "json" or getattr(args, "json", False)
     logs.setup(-1 if args.quiet else 1 if args.verbose else 0)
     try:
