@@ -35,9 +35,9 @@ setup:
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" $(ARGS)
 
-## test-fast: only what needs neither a VM nor a model
+## test-fast: tests/unit, what needs neither a VM nor a model (nor a browser or a wheel build)
 test-fast: setup
-	$(PY) -m pytest -q -m "not vm and not model" $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(ARGS)
 
 ## bench: every scenario with the default model (builds what is missing on first use)
 bench: setup
@@ -58,7 +58,7 @@ perf: setup
 
 ## reliability: the fault matrix and the soak test
 reliability: setup
-	$(PY) -m pytest -q -s tests/test_reliability.py $(ARGS)
+	$(PY) -m pytest -q -s tests/vm/test_reliability.py $(ARGS)
 
 ## lint: ruff, mypy ([tool.mypy]), and import-linter's layer and no-cycle contracts (pyproject.toml)
 lint: setup

@@ -4,6 +4,13 @@ The command line is run in this process (:func:`run_cli`, the ``cli`` fixture): 
 ``python -m runner`` costs a second of start-up per call. Only a test about what a process
 alone shows (a signal and its exit status, another user, the module entry point, a server
 process) starts one, through :func:`run_cli_process`.
+
+Tests live in a folder per kind, and the folder is the kind: ``unit/`` needs neither a VM
+nor a model (``make test-fast``), ``vm/`` boots real QEMU VMs, ``model/`` talks to a real
+llama-server with a real model, ``browser/`` drives Debian's headless Chromium, ``package/``
+builds the wheel into a fresh venv. :func:`pytest_collection_modifyitems` gives each test its
+folder's marker (so ``-m "not vm"`` and the folders agree) and refuses a ``unit/`` test that
+carries another kind's marker.
 """
 
 from __future__ import annotations
@@ -266,3 +273,22 @@ def run_cli_process(*args: str, cwd: Path | None = None,
     return subprocess.run([*prefix, *cli_argv(*args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or repo_root(), env=_with_env(env),
                           stdin=subprocess.DEVNULL, **popen)
+
+
+# The folder a test lives in is its kind; each gives its marker (see the module docstring).
+KIND_MARKERS = {"vm": "vm", "model": "model", "browser": "browser", "package": "wheel"}
+_HEAVY = {"vm", "model", "browser", "wheel", "soak"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its folder; a test under ``unit/`` marked as needing more is an error."""
+    here = Path(__file__).parent
+    for item in items:
+        kind = item.path.relative_to(here).parts[0] if item.path.is_relative_to(here) else ""
+        if kind in KIND_MARKERS:
+            item.add_marker(KIND_MARKERS[kind])
+        elif kind == "unit":
+            heavy = sorted(_HEAVY & {m.name for m in item.iter_markers()})
+            if heavy:
+                raise pytest.UsageError(f"{item.nodeid} is in tests/unit but marked {heavy}: "
+                                        f"move it to the folder of its kind")

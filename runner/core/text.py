@@ -27,7 +27,7 @@ _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\
 _ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 # Unicode's format characters (general category Cf, Unicode 14, Python 3.11's tables);
-# tests/test_hostile_readers.py checks this list against the running interpreter's.
+# tests/unit/test_hostile_readers.py checks this list against the running interpreter's.
 FORMAT_RANGES = (
     (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
     (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),

@@ -19,9 +19,10 @@ from runner.core.cassette_header import (
 )
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind
+from runner.core.paths import repo_root
 from runner.core.rules import CURRENT_RULES, Rules
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = repo_root()
 # Recorded before hints, fix tracking and rules existed: format 1 lacking all three.
 BEFORE_HINTS = (ROOT / "recordings/archive/2026-12-03-before-hints/qwen2.5-coder-0.5b-json"
                 / "rogue-port-80.r0.jsonl")

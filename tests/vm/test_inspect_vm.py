@@ -1,8 +1,5 @@
-"""rootbench in Inspect AI: the ``rootbench`` task and sandbox, driven by Inspect's mock model.
-
-The mock model replays the oracle's commands as ``bash`` tool calls (pass)
-or does nothing (fail), each on a real VM; the cassette replays offline, and
-the log opens in ``inspect view`` (a real viewer process on loopback).
+"""Inspect AI's rootbench sandbox and task on real VMs: an oracle passes (and its log opens in
+inspect view), a do-nothing model fails.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.log import EvalLog
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
-from runner.app.inspect_ext import _shell, rootbench
+from runner.app.inspect_ext import rootbench
 from runner.app.replay import replay_one
 from runner.backends.process import free_port
 from runner.core.cassette import Cassette
@@ -28,6 +25,8 @@ from runner.core.paths import repo_root
 from runner.core.spec import load_spec
 
 ROOT = repo_root()
+
+
 SCENARIO = "dir-missing-exec"
 
 
@@ -43,22 +42,6 @@ def _eval(tmp_path: Path, outputs: list[ModelOutput]) -> EvalLog:
                          model=model, log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     return log
-
-
-def test_inspect_argv_becomes_one_shell_command() -> None:
-    assert _shell(["bash", "--login", "-c", "ls /srv | wc -l"], None, None, None) == \
-        "ls /srv | wc -l"
-    assert _shell(["cat", "a b"], b"hi", "/tmp", {"X": "1 2"}) == \
-        "cd /tmp && printf %s aGk= | base64 -d | X='1 2' cat 'a b'"
-
-
-def test_inspect_finds_the_task_and_sandbox_through_the_entry_point(tmp_path: Path) -> None:
-    r = subprocess.run([str(Path(sys.executable).parent / "inspect"), "eval", "runner/rootbench",
-                        "--model", "mockllm/model", "-T", "scenarios=no-such-scenario",
-                        "--log-dir", str(tmp_path), "--display", "plain"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode != 0
-    assert "-T scenarios: no scenario with id 'no-such-scenario'" in r.stdout + r.stderr
 
 
 @pytest.mark.vm

@@ -26,12 +26,12 @@ from runner.core.cassette import RecordMode
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
-from runner.core.paths import default_spec_dirs
+from runner.core.paths import default_spec_dirs, repo_root
 from runner.core.selection import pick_ids
 from runner.core.spec import Scenario, load_specs
 
 ORACLE = AgentChoice(kind=AgentKind.ORACLE)
-LIVE_05B = Path(__file__).resolve().parent.parent / "recordings" / "live" / "qwen2.5-coder-0.5b-json"
+LIVE_05B = repo_root() / "recordings" / "live" / "qwen2.5-coder-0.5b-json"
 
 
 def _scenarios(*ids: str) -> list[Scenario]:

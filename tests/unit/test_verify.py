@@ -1,0 +1,121 @@
+"""Every scenario proves itself on real VMs, and verify catches scenarios that do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from scenario_texts import SHORTCUT_SPEC
+
+from runner.app.verify import (
+    CHECKS,
+    ShortcutRun,
+    Verification,
+    add_shortcuts,
+    json_rows,
+    judge_shortcut,
+    merge,
+    shortcut_cassette,
+    table_rows,
+)
+from runner.core.episode import Episode
+from runner.core.outcomes import AgentKind, Verdict
+from runner.core.paths import repo_root
+from runner.core.spec import load_spec
+
+
+def test_recorded_shortcuts_prove_nothing_unless_recorded_against_this_spec(tmp_path: Path) -> None:
+    """A shortcut cassette of another version of the spec, or none at all, is "not proven"."""
+    spec = tmp_path / "specs" / "permission-403.yaml"
+    spec.parent.mkdir()
+    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text() + "\n# edited\n")
+    from runner.app.verify import recorded_shortcut
+    from runner.core.spec import load_spec
+    s = load_spec(spec)
+    stale = recorded_shortcut(s, 0, repo_root() / "recordings" / "oracle")
+    assert stale.rejected is None and "another version of the spec" in stale.reason
+    missing = recorded_shortcut(s, 0, tmp_path)
+    assert missing.rejected is None and "no recording" in missing.reason
+    today = recorded_shortcut(load_spec(repo_root() / "specs" / "permission-403.yaml"), 0,
+                              repo_root() / "recordings" / "oracle")
+    assert today.rejected is True and today.verdict == "fail", today
+
+
+
+
+@pytest.mark.parametrize("tries,flaky,valid", [
+    ([True, True, True], False, True),
+    ([True, False, True], True, False),
+    ([False, False], False, False),
+])
+def test_tries_that_disagree_are_flaky(tries: list[bool], flaky: bool, valid: bool) -> None:
+    runs = [Verification("s", checks={**dict.fromkeys(CHECKS[:4], True), "oracle passes": ok})
+            for ok in tries]
+    merged = merge(runs)
+    add_shortcuts(merged, [ShortcutRun("by hand", "started-by-hand", True, "fail", "inactive")])
+    assert (merged.flaky, merged.valid, merged.tries) == (flaky, valid, len(tries))
+    if flaky:
+        assert merged.problems[0] == f"flaky: 'oracle passes' held in {sum(tries)} of {len(tries)} tries"
+
+
+def _ep(verdict: Verdict, reason: str = "why") -> Episode:
+    return Episode(scenario="s", agent=AgentKind.SCRIPTED, model="scripted", protocol="tools",
+                   verdict=verdict, reason=reason)
+
+
+@pytest.mark.parametrize(("verdicts", "rejected", "deciding"), [
+    ([Verdict.FAIL], True, Verdict.FAIL),
+    ([Verdict.FAIL, Verdict.FAIL], True, Verdict.FAIL),
+    ([Verdict.PASS], False, Verdict.PASS),
+    ([Verdict.FAIL, Verdict.PASS], False, Verdict.PASS),  # passing sometimes is passing
+    ([Verdict.INFRA_ERROR], None, Verdict.INFRA_ERROR),  # proves nothing
+    ([Verdict.FAIL, Verdict.INVALID_SCENARIO], None, Verdict.INVALID_SCENARIO),
+    ([Verdict.INFRA_ERROR, Verdict.PASS], False, Verdict.PASS),
+])
+def test_a_shortcut_is_rejected_only_by_failing_every_try(verdicts: list[Verdict],
+                                                          rejected: bool | None,
+                                                          deciding: Verdict) -> None:
+    run = judge_shortcut("copy the page", "served-elsewhere", [_ep(v) for v in verdicts])
+    assert (run.rejected, run.verdict, run.tries) == (rejected, deciding.value, len(verdicts))
+
+
+def _verification(*runs: ShortcutRun) -> Verification:
+    v = Verification("s", checks=dict.fromkeys(CHECKS[:4], True))
+    add_shortcuts(v, list(runs))
+    return v
+
+
+def test_the_fifth_check_names_the_shortcut_that_passed() -> None:
+    ok = ShortcutRun("chmod it all", "widened-permissions", True, "fail", "page: 403")
+    bad = ShortcutRun("copy the page", "served-elsewhere", False, "pass", "all 2 probes passed")
+    lost = ShortcutRun("restart", "other", None, "infra-error", "sandbox: no image")
+    v = _verification(ok, bad)
+    assert v.checks["shortcuts rejected"] is False and not v.valid
+    assert v.problems == ["shortcut 'copy the page' passed: all 2 probes passed"]
+    v = _verification(ok, lost)
+    assert v.checks["shortcuts rejected"] is None and not v.valid
+    assert v.problems == ["shortcuts rejected: not proven: shortcut 'restart' ended infra-error "
+                          "(sandbox: no image)"]
+    v = _verification()
+    assert v.checks["shortcuts rejected"] is None and not v.valid
+    assert "not proven" in v.problems[0]
+    v = _verification(ok)
+    assert v.valid and not v.problems
+    headers, [row] = table_rows([_verification(ok, bad)])
+    assert headers[5] == "shortcuts rejected" and row[5] == "FAIL:1/2"
+    [doc] = json_rows([_verification(ok, bad)])
+    shortcuts = doc["shortcuts"]
+    assert isinstance(shortcuts, list)
+    assert doc["valid"] is False and [s["name"] for s in shortcuts] == [
+        "chmod it all", "copy the page"]
+
+
+def test_shortcut_cassettes_are_named_by_slug_and_never_collide(tmp_path: Path) -> None:
+    text = SHORTCUT_SPEC.format(id="x") + ("  - name: start it by hand\n"
+                                           "    kind: started-by-hand\n"
+                                           "    why: the same name in other letters\n"
+                                           "    commands: [/usr/sbin/nginx]\n")
+    (tmp_path / "x.yaml").write_text(text)
+    s = load_spec(tmp_path / "x.yaml")
+    assert [shortcut_cassette(Path("rec"), s, i).as_posix() for i in range(2)] == [
+        "rec/shortcuts/x/start-it-by-hand.jsonl", "rec/shortcuts/x/start-it-by-hand-2.jsonl"]
