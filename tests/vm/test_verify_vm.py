@@ -33,6 +33,10 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     them all live would take most of ``make test``'s time: cron scenarios
     wait out their probes, lasting fixes reboot). A live shortcut run is
     tested below and in test_verify_names_a_passing_shortcut.
+
+    The pg-* scenarios run on a second image: on a fresh cache this test also builds
+    debian-12-postgres (~90 s) and its golden snapshot (~40 s), and their four oracle
+    runs each reboot the guest (~1-2 min more each under TCG).
     """
     r = _verify("--record-to", str(tmp_path), "--shortcuts", "recorded")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
