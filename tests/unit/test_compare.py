@@ -108,6 +108,8 @@ PUBLISHED = [
     pytest.param("recordings/archive/2026-12-04-before-validity/qwen2.5-coder-1.5b-json",
                  "recordings/archive/2026-12-04-before-validity/qwen2.5-coder-0.5b-json",
                  id="2026-12-04-before-validity"),
+    pytest.param("recordings/live/qwen2.5-coder-1.5b-json",
+                 "recordings/live/qwen2.5-coder-0.5b-json", id="live-rules-2"),
 ]
 
 
@@ -143,10 +145,11 @@ def test_the_published_compare_is_what_compare_prints_today(cli: Cli, a: str, b:
     assert r.stdout.rstrip("\n") == _documented_compare(a, b)
 
 
-# Folders with a statistics row of their own (a re-measured run before its pair is complete).
+# Folders with a statistics row of their own in docs/results.md.
 PUBLISHED_ROWS = [pytest.param(f, id=f.split("/")[-2] + "/" + f.split("/")[-1]) for f in (
     "recordings/archive/2026-12-04-before-validity/qwen2.5-coder-1.5b-json",
     "recordings/archive/2026-12-04-before-validity/qwen2.5-coder-0.5b-json",
+    "recordings/live/qwen2.5-coder-1.5b-json",
     "recordings/live/qwen2.5-coder-0.5b-json")]
 
 
@@ -208,3 +211,18 @@ def test_a_folder_with_neither_results_nor_cassettes_is_one_line(cli: Cli, tmp_p
         assert r.returncode == 2 and r.stdout == ""
         assert r.stderr.strip() == f"rootbench: {tmp_path / 'empty'}: not a run directory or a " \
                                    "folder of cassettes (no results.json)"
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
+def test_the_readme_results_at_a_glance_are_what_report_computes_today(model: str) -> None:
+    """The front page's model table is the overall row of ``report`` on the live folder."""
+    r = run_cli("report", f"recordings/live/{model}-json", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)["statistics"]["overall"]
+    lines = (repo_root() / "README.md").read_text().splitlines()
+    (row,) = [ln for ln in lines if ln.startswith(f"| {model} |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [
+        model, _ci(o["pass_at_1"], o["pass_at_1_ci"]), f"{o['solved']} of {o['scored']}",
+        "-" if o["mean_assist"] is None else _ci(o["mean_assist"], o["mean_assist_ci"]),
+        _ci(o["mean_score"], o["mean_score_ci"])]
