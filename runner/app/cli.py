@@ -71,6 +71,7 @@ from runner.app.verify import (
     add_shortcuts,
     json_rows,
     recorded_shortcut,
+    slowest_first,
     table_rows,
     verify_repeated,
     verify_shortcut,
@@ -741,7 +742,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # several), through the bench's own driver loop; results gathered here in order.
     with signals_raise(), make_local(jobs) as pool, pool.cancelling():
         work: list[Start] = []
-        for i, s in enumerate(scenarios):
+        for i in slowest_first(scenarios, Path(args.shortcuts_from)):
+            s = scenarios[i]
             check = functools.partial(verify_repeated, accel=args.accel,
                                       transport=args.transport, record_to=record_to)
             work.append(functools.partial(

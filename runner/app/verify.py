@@ -27,7 +27,9 @@ valid (``valid`` means every check passed).
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +239,30 @@ def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int =
     run = judge_shortcut(shortcut.name, shortcut.kind.value, episodes)
     run.cassette, run.seconds = str(target), round(time.monotonic() - t0, 1)
     return run
+
+
+def slowest_first(scenarios: list[Scenario], recorded: Path) -> list[int]:
+    """The scenarios' indexes in the order verify should start them: the slowest first.
+
+    A verify's wall time is its jobs' makespan: a cron scenario that waits
+    out its minute, started last, keeps one slot busy while the others sit
+    idle. Starting the longest first (the classic longest-processing-time
+    rule) packs the slots. How long each takes is read from its committed
+    oracle cassette's verdict line (``seconds``); a scenario without one is
+    taken as the slowest, since nothing says it is quick. Results are still
+    reported in the order given.
+    """
+    def took(scenario: Scenario) -> float:
+        path = recorded / layout.oracle_cassette_name(scenario.id)
+        try:
+            last = path.read_text(encoding="utf-8").rstrip("\n").rsplit("\n", 1)[-1]
+            seconds = json.loads(last).get("seconds")
+        except (OSError, ValueError, AttributeError):
+            return math.inf
+        return float(seconds) if isinstance(seconds, (int, float)) else math.inf
+
+    times = [took(s) for s in scenarios]
+    return sorted(range(len(scenarios)), key=lambda i: -times[i])
 
 
 def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> ShortcutRun:

@@ -119,3 +119,21 @@ def test_shortcut_cassettes_are_named_by_slug_and_never_collide(tmp_path: Path) 
     s = load_spec(tmp_path / "x.yaml")
     assert [shortcut_cassette(Path("rec"), s, i).as_posix() for i in range(2)] == [
         "rec/shortcuts/x/start-it-by-hand.jsonl", "rec/shortcuts/x/start-it-by-hand-2.jsonl"]
+
+
+def test_verify_starts_the_slowest_scenarios_first_by_their_recorded_oracle_time(
+        tmp_path: Path) -> None:
+    from runner.app.verify import slowest_first
+    from runner.core.selection import pick_ids
+    from runner.core.spec import load_specs
+
+    specs = pick_ids(load_specs([repo_root() / "specs"]),
+                     ["permission-403", "cron-stopped", "rogue-port-80"])
+    unrecorded = tmp_path / "specs" / "not-recorded-yet.yaml"
+    unrecorded.parent.mkdir()
+    unrecorded.write_text(SHORTCUT_SPEC.format(id="not-recorded-yet"))
+    scenarios = [*specs, load_spec(unrecorded)]
+    order = [scenarios[i].id for i in slowest_first(scenarios, repo_root() / "recordings" / "oracle")]
+    # nothing recorded says the new one is quick; cron-stopped waits out cron's minute
+    assert order[:2] == ["not-recorded-yet", "cron-stopped"]
+    assert sorted(order) == sorted(s.id for s in scenarios)
