@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -292,3 +293,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if heavy:
                 raise pytest.UsageError(f"{item.nodeid} is in tests/unit but marked {heavy}: "
                                         f"move it to the folder of its kind")
+
+
+# --- an oracle bench for compare's tests (tests/unit/test_compare.py, tests/vm/test_compare_vm.py) ---
+
+# Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
+IDS = ["rogue-port-80", "permission-403", "nginx-config-syntax", "masked-unit"]
+ROUNDS = 2  # 4 scenarios x 2 rounds = 8 pairs: McNemar exact p = 2/256 if all differ one way
+
+
+def _only_dir(parent: Path) -> Path:
+    (run,) = [p for p in parent.iterdir() if p.is_dir()]
+    return run
+
+
+_ORACLE = Path(__file__).resolve().parent.parent / "recordings" / "oracle"
+
+
+def _oracle_run(tmp: Path, ids: list[str], rounds: int) -> Path:
+    """An oracle bench replayed offline from the committed cassettes, one copy per round."""
+    rec = tmp / "rec"
+    rec.mkdir()
+    for i in ids:
+        shutil.copy2(_ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")  # round 0
+        for rnd in range(1, rounds):
+            shutil.copy2(_ORACLE / f"{i}.jsonl", rec / f"{i}.r{rnd}.jsonl")
+    r = run_cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
+                "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
+    assert r.returncode == 0, r.stderr
+    return _only_dir(tmp / "oracle")
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One oracle run shared by the module's tests (they only read it)."""
+    return _oracle_run(tmp_path_factory.mktemp("oracle"), IDS, ROUNDS)

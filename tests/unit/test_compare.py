@@ -8,41 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import Cli, run_cli
+from conftest import IDS, Cli, _oracle_run, run_cli
 
 from runner.core.paths import repo_root
 
 ORACLE = repo_root() / "recordings" / "oracle"
-# Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
-IDS = ["rogue-port-80", "permission-403", "nginx-config-syntax", "masked-unit"]
-ROUNDS = 2  # 4 scenarios x 2 rounds = 8 pairs: McNemar exact p = 2/256 if all differ one way
-
-
-def _only_dir(parent: Path) -> Path:
-    (run,) = [p for p in parent.iterdir() if p.is_dir()]
-    return run
-
-
-def _oracle_run(tmp: Path, ids: list[str], rounds: int) -> Path:
-    """An oracle bench replayed offline from the committed cassettes, one copy per round."""
-    rec = tmp / "rec"
-    rec.mkdir()
-    for i in ids:
-        shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.jsonl")  # round 0
-        for rnd in range(1, rounds):
-            shutil.copy2(ORACLE / f"{i}.jsonl", rec / f"{i}.r{rnd}.jsonl")
-    r = run_cli("-q", "bench", "--agent", "oracle", "--record-to", str(rec), "--record-mode", "once",
-                "--only", *ids, "--repeat", str(rounds), "--runs-dir", str(tmp / "oracle"))
-    assert r.returncode == 0, r.stderr
-    return _only_dir(tmp / "oracle")
-
-
-@pytest.fixture(scope="module")
-def oracle_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One oracle run shared by the module's tests (they only read it)."""
-    return _oracle_run(tmp_path_factory.mktemp("oracle"), IDS, ROUNDS)
-
-
 def test_a_run_against_itself_shows_no_difference(cli: Cli, oracle_run: Path) -> None:
     r = cli("compare", str(oracle_run), str(oracle_run))
     assert r.returncode == 0, r.stderr

@@ -6,16 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Cli
-
-# Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
-IDS = ["rogue-port-80", "permission-403", "nginx-config-syntax", "masked-unit"]
-ROUNDS = 2  # 4 scenarios x 2 rounds = 8 pairs: McNemar exact p = 2/256 if all differ one way
-
-
-def _only_dir(parent: Path) -> Path:
-    (run,) = [p for p in parent.iterdir() if p.is_dir()]
-    return run
+from conftest import IDS, ROUNDS, Cli, _only_dir
 
 
 @pytest.mark.vm
