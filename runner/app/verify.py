@@ -27,7 +27,6 @@ valid (``valid`` means every check passed).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -38,6 +37,7 @@ from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import slug
 from runner.core import layout
+from runner.core.cassette import Cassette
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.model import noop, oracle, scripted
@@ -253,12 +253,11 @@ def slowest_first(scenarios: list[Scenario], recorded: Path) -> list[int]:
     reported in the order given.
     """
     def took(scenario: Scenario) -> float:
-        path = recorded / layout.oracle_cassette_name(scenario.id)
         try:
-            last = path.read_text(encoding="utf-8").rstrip("\n").rsplit("\n", 1)[-1]
-            seconds = json.loads(last).get("seconds")
-        except (OSError, ValueError, AttributeError):
+            verdict = Cassette.load(recorded / layout.oracle_cassette_name(scenario.id)).verdict
+        except (OSError, InvalidInput):
             return math.inf
+        seconds = (verdict or {}).get("seconds")
         return float(seconds) if isinstance(seconds, (int, float)) else math.inf
 
     times = [took(s) for s in scenarios]
