@@ -32,7 +32,7 @@ from runner.core.paths import find_recipe, image_dirs, recipe_names
 from runner.core.spec import parse_yaml, read_text, validate_document
 
 log = logging.getLogger("rootbench.image")
-BUILD_VERSION = 4  # bump when the build steps below change what an image contains
+BUILD_VERSION = 6  # bump when the build steps below change what an image contains
 KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw quiet net.ifnames=0 panic=-1 systemd.show_status=0"
 BUILD_TIMEOUT = 3600.0
 # The guest's hostname. The provisioning below writes it, and the serial guest
@@ -238,6 +238,18 @@ mkdir -p "$R/root/.ssh" && chmod 700 "$R/root/.ssh"
 cp "$2" "$R/root/.ssh/authorized_keys" && chmod 600 "$R/root/.ssh/authorized_keys"
 printf 'UseDNS no\nPermitRootLogin prohibit-password\n' > "$R/etc/ssh/sshd_config.d/rootbench.conf"
 echo 'kernel.printk = 1 4 1 3' > "$R/etc/sysctl.d/10-quiet-console.conf"
+# Boot and shutdown cost under TCG (a judge's reboot re-check pays both): an initramfs with
+# only the modules that mount the root (virtio over PCI; ext4 is built in) instead of
+# MODULES=most (15 MB to 6 MB), and five early units off that have nothing to act on in this
+# VM, each a process or two (~0.5 s a unit under TCG, where the one vCPU runs them all in
+# turn): e2scrub_reap (e2scrub's LVM snapshots: no LVM), binfmt (no foreign binary formats),
+# and the modprobe@ units of drm (no display), efi_pstore (no EFI) and dm_mod (no device mapper).
+printf 'virtio_pci\nvirtio_blk\n' >> "$R/etc/initramfs-tools/modules"
+sed -i 's/^MODULES=.*/MODULES=list/' "$R/etc/initramfs-tools/initramfs.conf"
+chroot "$R" update-initramfs -u -k all >/dev/null
+for u in e2scrub_reap systemd-binfmt modprobe@drm modprobe@efi_pstore modprobe@dm_mod; do
+  ln -sf /dev/null "$R/etc/systemd/system/$u.service"
+done
 rm -f "$R/etc/machine-id" && : > "$R/etc/machine-id"
 """
 
