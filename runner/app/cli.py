@@ -265,20 +265,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
     _selection_args(p)
     p.add_argument("--record-to", default="recordings/oracle",
-                   help="where the oracle cassettes go (default recordings/oracle); each "
-                        "shortcut's goes to shortcuts/<scenario-id>/<shortcut>.jsonl under it")
+                   help="where the oracle cassettes go (default recordings/oracle); the noop "
+                        "run's goes to noop/<scenario-id>.jsonl and each shortcut's to "
+                        "shortcuts/<scenario-id>/<shortcut>.jsonl under it")
     _jobs_arg(p, "scenarios verified side by side, each in its own child process and VM "
                  "(auto: from cores and free memory)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run the checks N times; a scenario whose tries disagree is flaky (invalid)")
     p.add_argument("--shortcuts", choices=("run", "recorded"), default="run",
                    help="run: each shortcut as a scripted agent on a real VM (and record it); "
-                        "recorded: prove each from its cassette under --shortcuts-from, which "
+                        "recorded: prove each from its cassette under --recorded-from, which "
                         "must be of this very spec and replay offline to fail (fast: make test)")
-    p.add_argument("--shortcuts-from", default="recordings/oracle", metavar="DIR",
-                   help="with --shortcuts recorded: where the shortcut cassettes are "
-                        "(shortcuts/<scenario-id>/<shortcut>.jsonl under it; default "
-                        "recordings/oracle)")
+    p.add_argument("--noop", choices=("run", "recorded"), default="run",
+                   help="run: the noop agent on a real VM (and record it); recorded: prove "
+                        "'noop fails' from its cassette under --recorded-from (same rules as "
+                        "--shortcuts recorded), and the baseline and 'fault lands' from the "
+                        "oracle's own run (make test)")
+    p.add_argument("--recorded-from", "--shortcuts-from", dest="recorded_from",
+                   default="recordings/oracle", metavar="DIR",
+                   help="with --shortcuts/--noop recorded: where the recordings are "
+                        "(shortcuts/<scenario-id>/<shortcut>.jsonl and noop/<scenario-id>.jsonl "
+                        "under it; default recordings/oracle)")
     _format_arg(p)
     _vm_args(p)
 
@@ -707,8 +714,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     scenarios = _selected(args)
     run_dir = new_run_dir(Path("runs"), "verify")
     record_to = Path(args.record_to) if args.record_to else None
-    if args.shortcuts == "recorded" and not Path(args.shortcuts_from).is_dir():
-        raise InvalidInput("not a directory", path=args.shortcuts_from, field="--shortcuts-from")
+    recorded = Path(args.recorded_from)
+    if "recorded" in (args.shortcuts, args.noop) and not recorded.is_dir():
+        raise InvalidInput("not a directory", path=args.recorded_from, field="--recorded-from")
     if record_to:
         record_to.mkdir(parents=True, exist_ok=True)
 
@@ -742,16 +750,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # several), through the bench's own driver loop; results gathered here in order.
     with signals_raise(), make_local(jobs) as pool, pool.cancelling():
         work: list[Start] = []
-        for i in slowest_first(scenarios, Path(args.shortcuts_from)):
+        for i in slowest_first(scenarios, recorded):
             s = scenarios[i]
             check = functools.partial(verify_repeated, accel=args.accel,
-                                      transport=args.transport, record_to=record_to)
+                                      transport=args.transport, record_to=record_to,
+                                      noop_from=recorded if args.noop == "recorded" else None)
             work.append(functools.partial(
                 Job, i, check, (s, run_dir, args.repeat),
                 timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack)))
             for j in range(len(s.shortcuts)):
                 if args.shortcuts == "recorded":
-                    shortcuts[(i, j)] = recorded_shortcut(s, j, Path(args.shortcuts_from))
+                    shortcuts[(i, j)] = recorded_shortcut(s, j, recorded)
                     continue
                 one = functools.partial(verify_shortcut, accel=args.accel,
                                         transport=args.transport, record_to=record_to)
@@ -765,9 +774,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rejected = sum(r.rejected is True for r in v.shortcuts)
         vlog.info("%s: %s; %d of %d shortcuts rejected", s.id, "valid" if v.valid else "INVALID",
                   rejected, len(v.shortcuts))
-    # The report: every noop cassette in the run directory, every oracle and shortcut cassette.
+    # The report: every noop, oracle and shortcut cassette (recorded ones included).
     cassettes = dict.fromkeys(p.resolve() for p in [
-        *sorted(run_dir.glob(f"*{layout.SUFFIX}")), *(Path(v.cassette) for v in results if v.cassette),
+        *sorted(run_dir.glob(f"*{layout.SUFFIX}")),
+        *(Path(v.noop_cassette) for v in results if v.noop_cassette),
+        *(Path(v.cassette) for v in results if v.cassette),
         *(Path(r.cassette) for v in results for r in v.shortcuts if r.cassette)] if p.is_file())
     report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
     if report is not None:

@@ -17,6 +17,14 @@ shortcut's commands, each recorded beside the oracle's cassette at
 so it replays offline too. Each shortcut is a job of its own, so
 ``verify --jobs N`` runs them side by side with the scenarios' checks.
 
+``make test`` re-runs the oracle live but proves the noop and the shortcuts
+from these recordings (``--noop recorded --shortcuts recorded``): the
+oracle's own episode checks the baseline and that the fault lands before it
+acts, and a recording proves something only if it is of this very spec and
+replays offline, through today's judging, to ``fail`` (:func:`recorded_noop`,
+:func:`recorded_shortcut`). With ``--record-to`` the noop run is recorded at
+``noop/<scenario-id>.jsonl`` under it.
+
 A shortcut proves the scenario only by ending ``fail``: one that passes
 makes the scenario invalid and is named; one that ends ``infra-error`` or
 ``invalid-scenario`` proves nothing, and the check is then not reached. A
@@ -32,6 +40,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
@@ -85,6 +94,7 @@ class Verification:
     tries: int = 1  # how many times the checks ran (verify --repeat)
     flaky: bool = False  # the tries disagreed on some check
     shortcuts: list[ShortcutRun] = field(default_factory=list)  # in the spec's order
+    noop_cassette: str | None = None  # the noop run's (recorded, or the one it was proven from)
 
     @property
     def valid(self) -> bool:
@@ -103,7 +113,8 @@ def merge(tries: list[Verification]) -> Verification:
     if not tries:
         raise ValueError("nothing to merge")
     merged = Verification(tries[0].scenario, tries=len(tries), cassette=tries[-1].cassette,
-                          seconds=round(sum(t.seconds for t in tries), 1))
+                          seconds=round(sum(t.seconds for t in tries), 1),
+                          noop_cassette=tries[-1].noop_cassette)
     for check in EPISODE_CHECKS:  # a shortcut's tries are judged by judge_shortcut
         seen = [t.checks.get(check) for t in tries]
         merged.checks[check] = None if any(x is None for x in seen) else all(seen)
@@ -144,8 +155,10 @@ def _fault(ep: Episode, v: Verification) -> None:
 
 
 def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: str = "auto",
-                    transport: str = "serial", record_to: Path | None = None) -> Verification:
-    """The noop and oracle checks ``repeat`` times; only the last try records to ``record_to``."""
+                    transport: str = "serial", record_to: Path | None = None,
+                    noop_from: Path | None = None) -> Verification:
+    """The noop and oracle checks ``repeat`` times; only the last try records to ``record_to``.
+    ``noop_from``: prove the noop check from the recording under it instead of a live run."""
     tries = []
     for i in range(1, repeat + 1):
         last = i == repeat
@@ -154,40 +167,53 @@ def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: st
         if repeat > 1:
             log.info("%s: try %d of %d", scenario.id, i, repeat)
         tries.append(verify_scenario(scenario, folder, accel=accel, transport=transport,
-                                     record_to=record_to if last else None))
+                                     record_to=record_to if last else None, noop_from=noop_from))
     return merge(tries)
 
 
 def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
-                    transport: str = "serial", record_to: Path | None = None) -> Verification:
-    """Run the noop and oracle checks on ``scenario``; the oracle cassette goes to ``record_to``."""
+                    transport: str = "serial", record_to: Path | None = None,
+                    noop_from: Path | None = None) -> Verification:
+    """Run the noop and oracle checks on ``scenario``; the oracle cassette goes to ``record_to``,
+    and so does the noop's (at ``noop/<id>.jsonl``; else it stays in ``run_dir``).
+
+    With ``noop_from`` the noop is not run: "noop fails" is proven from its
+    recording there, and the baseline and "fault lands" from the oracle's own
+    episode, which checks both before its agent acts, just as the noop's does.
+    """
     t0 = time.monotonic()
     v = Verification(scenario.id)
     opts = RunOptions(accel=accel, transport=transport, protocol="tools")
     tools = get_protocol("tools")
     why = WHY
 
-    log.info("%s: noop agent", scenario.id)
-    ep = run_one(scenario, noop(), tools, why, opts, run_dir / layout.noop_cassette_name(scenario.id))
-    if ep.verdict is Verdict.INFRA_ERROR:
-        v.problems.append(f"infrastructure: {ep.reason}")
-        v.seconds = round(time.monotonic() - t0, 1)
-        return v
-    _baseline(ep, v)
-    _fault(ep, v)
-    tripped = _broken_invariants(ep)
-    v.checks["noop fails"] = ep.verdict is Verdict.FAIL and not tripped
-    if ep.verdict is not Verdict.FAIL:
-        v.problems.append(f"noop fails: the noop agent's run ended {ep.verdict} ({ep.reason})")
-    elif tripped:
-        # An invariant that the fault itself breaks would blame every agent for collateral damage.
-        v.problems.append(f"noop fails: doing nothing broke invariant {tripped[0]!r}; "
-                          "it depends on the fault, not on what the agent does")
+    if noop_from is None:
+        log.info("%s: noop agent", scenario.id)
+        noop_at = (layout.noop_cassette_path(record_to, scenario.id) if record_to
+                   else run_dir / layout.noop_cassette_name(scenario.id))
+        noop_at.parent.mkdir(parents=True, exist_ok=True)
+        ep = run_one(scenario, noop(), tools, why, opts, noop_at)
+        v.noop_cassette = str(noop_at)
+        if ep.verdict is Verdict.INFRA_ERROR:
+            v.problems.append(f"infrastructure: {ep.reason}")
+            v.seconds = round(time.monotonic() - t0, 1)
+            return v
+        _baseline(ep, v)
+        _fault(ep, v)
+        _noop_fails(ep.verdict, ep.reason, _broken_invariants(ep), v)
 
     log.info("%s: oracle agent (the solution)", scenario.id)
     target = (record_to or run_dir) / layout.oracle_cassette_name(scenario.id)
     ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target)
     v.cassette = str(target)
+    if noop_from is not None:
+        if ep.verdict is Verdict.INFRA_ERROR and not ep.precheck:
+            v.problems.append(f"infrastructure: {ep.reason}")
+            v.seconds = round(time.monotonic() - t0, 1)
+            return v
+        _baseline(ep, v)
+        _fault(ep, v)
+        recorded_noop(scenario, noop_from, v)
     ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
     v.checks["oracle passes"] = ok
     if not ok:
@@ -196,6 +222,55 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
         v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
     v.seconds = round(time.monotonic() - t0, 1)
     return v
+
+
+def _noop_fails(verdict: Verdict | str, reason: str, tripped: list[str], v: Verification) -> None:
+    """The third check from the noop run's verdict and the invariants it broke."""
+    v.checks["noop fails"] = verdict == Verdict.FAIL and not tripped
+    if verdict != Verdict.FAIL:
+        v.problems.append(f"noop fails: the noop agent's run ended {verdict} ({reason})")
+    elif tripped:
+        # An invariant that the fault itself breaks would blame every agent for collateral damage.
+        v.problems.append(f"noop fails: doing nothing broke invariant {tripped[0]!r}; "
+                          "it depends on the fault, not on what the agent does")
+
+
+def recorded_noop(scenario: Scenario, recorded: Path, v: Verification) -> None:
+    """"noop fails" from the noop run recorded under ``recorded`` (see :func:`replayed_verdict`)."""
+    path = layout.noop_cassette_path(recorded, scenario.id)
+    v.noop_cassette = str(path)
+    verdict, why = replayed_verdict(path, scenario)
+    if verdict is None:
+        v.checks["noop fails"] = None
+        v.problems.append(f"noop fails: not proven: {why}")
+        return
+    flags = verdict.get("flags") or []
+    tripped = [Flag.COLLATERAL.value] if Flag.COLLATERAL.value in flags else []
+    _noop_fails(str(verdict.get("verdict")), one_line(str(verdict.get("reason", "")), 300),
+                tripped, v)
+
+
+def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | None, str]:
+    """The verdict line of the recording at ``path`` if it proves something, else None and why.
+
+    A recording stands in for a live run only if it is of this very spec (its
+    sha256, which covers the setup, probes and the commands run) and replays
+    offline, through today's judging, to the verdict it recorded. Anything
+    less is "not proven", never a pass or a fail.
+    """
+    if not path.is_file():
+        return None, f"no recording at {path}: record it with `rootbench verify`"
+    try:
+        rep = load_replayable(path)
+    except InvalidInput as exc:
+        return None, f"its recording is unreadable: {one_line(str(exc), 200)}"
+    if rep.cassette.head.spec_hash != scenario.spec_hash:
+        return None, (f"{path} was recorded against another version of the spec: record it "
+                      "again with `rootbench verify`")
+    outcome = replay_loaded(rep, offline=True, specs=[Path(scenario.path).parent])
+    if outcome.result is not ReplayResult.SAME:
+        return None, f"its recording replays {outcome.result}: {one_line(outcome.note, 200)}"
+    return dict(rep.cassette.verdict or {}), ""
 
 
 def shortcut_slugs(scenario: Scenario) -> list[str]:
@@ -269,37 +344,22 @@ def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> Shortcu
 
     Running every shortcut live takes most of a verify (cron scenarios wait
     out their probes' ``within``, lasting fixes reboot), so ``make test``
-    proves them from the cassettes ``make verify`` committed. That still
-    proves something only if the recording is of this very spec (its sha256,
-    which covers the shortcut's commands) and replays offline, through
-    today's judging, to the same verdict: ``fail``. Anything less is "not
-    proven", never "rejected".
+    proves them from the cassettes ``make verify`` committed, each through
+    :func:`replayed_verdict`: it must end ``fail``.
     """
     shortcut = scenario.shortcuts[index]
     path = shortcut_cassette(recorded, scenario, index)
-
-    def unproven(why: str) -> ShortcutRun:
-        return ShortcutRun(shortcut.name, shortcut.kind.value, None, "-", why, cassette=str(path))
-
-    if not path.is_file():
-        return unproven(f"no recording at {path}: record it with `rootbench verify` "
-                        "(shortcuts run live)")
-    try:
-        rep = load_replayable(path)
-    except InvalidInput as exc:
-        return unproven(f"its recording is unreadable: {one_line(str(exc), 200)}")
-    if rep.cassette.head.spec_hash != scenario.spec_hash:
-        return unproven(f"{path} was recorded against another version of the spec: record it "
-                        "again with `rootbench verify`")
     t0 = time.monotonic()
-    outcome = replay_loaded(rep, offline=True, specs=[Path(scenario.path).parent])
-    if outcome.result is not ReplayResult.SAME:
-        return unproven(f"its recording replays {outcome.result}: {one_line(outcome.note, 200)}")
-    verdict = (rep.cassette.verdict or {}).get("verdict")
-    reason = one_line(str((rep.cassette.verdict or {}).get("reason", "")), 300)
-    rejected = True if verdict == Verdict.FAIL.value else (False if verdict == Verdict.PASS.value
-                                                            else None)
-    return ShortcutRun(shortcut.name, shortcut.kind.value, rejected, str(verdict), reason,
+    verdict, why = replayed_verdict(path, scenario)
+    if verdict is None:
+        if not path.is_file():
+            why += " (shortcuts run live)"
+        return ShortcutRun(shortcut.name, shortcut.kind.value, None, "-", why, cassette=str(path))
+    recorded_verdict = verdict.get("verdict")
+    reason = one_line(str(verdict.get("reason", "")), 300)
+    rejected = True if recorded_verdict == Verdict.FAIL.value else (
+        False if recorded_verdict == Verdict.PASS.value else None)
+    return ShortcutRun(shortcut.name, shortcut.kind.value, rejected, str(recorded_verdict), reason,
                        cassette=str(path), seconds=round(time.monotonic() - t0, 1))
 
 

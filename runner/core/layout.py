@@ -16,8 +16,8 @@ ladder's level-0 transcript under every hinted verdict). A run directory::
       cassettes/<arm>/...                         a matrix bench: one folder per arm
 
 ``verify`` names its oracle cassettes ``<scenario>.jsonl`` (round 0, level 0),
-its noop runs ``<scenario>.noop.jsonl``, and a shortcut's
-``shortcuts/<scenario>/<slug>.jsonl``. :func:`parse_cassette_name` reads all
+its noop runs ``<scenario>.noop.jsonl`` in its run directory or, recorded,
+``noop/<scenario>.jsonl``, and a shortcut's ``shortcuts/<scenario>/<slug>.jsonl``. :func:`parse_cassette_name` reads all
 of these back. Names only: nothing here touches the disk.
 """
 
@@ -34,7 +34,7 @@ REPORT = "report.html"
 CASSETTES = "cassettes"  # the folder of a bench's cassettes inside its run directory
 SHORTCUTS = "shortcuts"  # under verify's --record-to: shortcuts/<scenario>/<slug>.jsonl
 SUFFIX = ".jsonl"  # every cassette's
-NOOP = "noop"  # verify's noop run: <scenario>.noop.jsonl
+NOOP = "noop"  # verify's noop run: <scenario>.noop.jsonl; recorded: noop/<scenario>.jsonl
 
 _EPISODE = re.compile(r"(?P<scenario>.+?)\.r(?P<round>\d+)(?:\.h(?P<level>[1-9]\d*))?")
 
@@ -102,6 +102,11 @@ def oracle_cassette_name(scenario: str) -> str:
 def noop_cassette_name(scenario: str) -> str:
     """verify's noop run: ``<scenario>.noop.jsonl``."""
     return f"{scenario}.{NOOP}{SUFFIX}"
+
+
+def noop_cassette_path(record_dir: Path, scenario: str) -> Path:
+    """verify's recording of the noop run: ``<record_dir>/noop/<scenario>.jsonl``."""
+    return record_dir / NOOP / (scenario + SUFFIX)
 
 
 def shortcut_cassette_path(record_dir: Path, scenario: str, slug: str) -> Path:

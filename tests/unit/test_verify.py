@@ -41,6 +41,38 @@ def test_recorded_shortcuts_prove_nothing_unless_recorded_against_this_spec(tmp_
     assert today.rejected is True and today.verdict == "fail", today
 
 
+def test_recorded_noop_proves_noop_fails_only_from_a_failing_run_of_this_spec(tmp_path: Path) -> None:
+    """make test's --noop recorded: the committed noop run of today's spec proves the check; one
+    of another spec version, none, or a recording that passed does not."""
+    import shutil
+
+    from runner.app.verify import Verification, recorded_noop
+    from runner.core import layout
+    oracle = repo_root() / "recordings" / "oracle"
+    today = load_spec(repo_root() / "specs" / "permission-403.yaml")
+    v = Verification(today.id)
+    recorded_noop(today, oracle, v)
+    assert v.checks["noop fails"] is True and not v.problems
+    assert v.noop_cassette == str(oracle / "noop" / "permission-403.jsonl")
+
+    spec = tmp_path / "specs" / "permission-403.yaml"
+    spec.parent.mkdir()
+    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text() + "\n# edited\n")
+    for where, why in [(oracle, "another version of the spec"), (tmp_path, "no recording")]:
+        v = Verification(today.id)
+        recorded_noop(load_spec(spec), where, v)
+        assert v.checks["noop fails"] is None and why in v.problems[0], v.problems
+
+    # the oracle's own run, put where the noop's goes: it passed, so doing nothing "passes"
+    fake = layout.noop_cassette_path(tmp_path / "rec", today.id)
+    fake.parent.mkdir(parents=True)
+    shutil.copyfile(oracle / "permission-403.jsonl", fake)
+    v = Verification(today.id)
+    recorded_noop(today, tmp_path / "rec", v)
+    assert v.checks["noop fails"] is False
+    assert v.problems[0].startswith("noop fails: the noop agent's run ended pass"), v.problems
+
+
 
 
 @pytest.mark.parametrize("tries,flaky,valid", [

@@ -26,12 +26,15 @@ def _verify(*args: str, jobs: int = 2, timeout: float = 3600) -> CliResult:
 
 @pytest.mark.vm
 def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
-    """The four episode checks live on real VMs; the fifth from the committed shortcut cassettes.
+    """Every scenario's oracle live on a real VM (which also checks its baseline and that its
+    fault lands); "noop fails" and the shortcuts from the committed cassettes.
 
-    ``make verify`` runs every shortcut live and records it; here each must be
-    a recording of today's spec that replays offline to ``fail`` (running
-    them all live would take most of ``make test``'s time: cron scenarios
-    wait out their probes, lasting fixes reboot). A live shortcut run is
+    ``make verify`` runs the noop and every shortcut live and records them;
+    here each must be a recording of today's spec that replays offline to
+    ``fail`` (running them all live would take most of ``make test``'s time:
+    cron scenarios wait out their probes, lasting fixes reboot, and the noop
+    runs alone were ~1300 s of VM time for 43 scenarios, 760 s of it five
+    scenarios waiting for cron or a timer). A live noop and shortcut run is
     tested below and in test_verify_names_a_passing_shortcut.
 
     The pg-* scenarios run on a second image: on a fresh cache this test also builds
@@ -41,13 +44,15 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     # Three at once on two cores: much of a verify is waiting (cron's next minute, a timer, a
     # pause), which a third slot fills; 43 scenarios took 1093 s so on the development machine,
     # all valid, and verify starts the slowest (by their recorded oracle time) first.
-    r = _verify("--record-to", str(tmp_path), "--shortcuts", "recorded", jobs=3)
+    r = _verify("--record-to", str(tmp_path), "--shortcuts", "recorded", "--noop", "recorded",
+                jobs=3)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     specs = sorted((repo_root() / "specs").glob("*.yaml"))
     assert f"{len(specs)}/{len(specs)} scenarios valid" in r.stdout
     assert len(list(tmp_path.glob("*.jsonl"))) == len(specs)
     shortcuts = sum(len(s.shortcuts) for s in load_specs([repo_root() / "specs"]))
-    assert not (tmp_path / "shortcuts").exists()  # proven from the recordings, not re-recorded
+    # proven from the recordings, not re-recorded
+    assert not (tmp_path / "shortcuts").exists() and not (tmp_path / "noop").exists()
     # verify ends by writing an HTML report of its noop, oracle and shortcut episodes
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("[verify] report: ")]
     page = Path(line.split(": ", 1)[1]).read_text()
@@ -102,7 +107,16 @@ def test_repeat_runs_the_checks_again_and_agreeing_tries_are_not_flaky(tmp_path:
     assert "try 2 of 2" in r.stderr and len(list((tmp_path / "rec").glob("*.jsonl"))) == 1
     assert sorted(p.relative_to(tmp_path / "rec").as_posix()
                   for p in (tmp_path / "rec").rglob("*.jsonl")) == [
-        "by-hand.jsonl", "shortcuts/by-hand/start-it-by-hand.jsonl"]
+        "by-hand.jsonl", "noop/by-hand.jsonl", "shortcuts/by-hand/start-it-by-hand.jsonl"]
+    # make test's way: the oracle live, the noop and the shortcut proven from those recordings
+    r = _verify(str(tmp_path / "specs"), "--noop", "recorded", "--shortcuts", "recorded",
+                "--recorded-from", str(tmp_path / "rec"), "--record-to", str(tmp_path / "again"),
+                "--format", "plain")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("by-hand"))
+    assert row.split()[1:6] == ["ok", "ok", "ok", "ok", "ok:1/1"], row
+    assert "noop agent" not in r.stderr and "oracle agent" in r.stderr
+    assert [p.name for p in (tmp_path / "again").rglob("*.jsonl")] == ["by-hand.jsonl"]
 
 
 @pytest.mark.vm
