@@ -1,0 +1,142 @@
+"""Multi-machine scenarios: the spec's ``machines:``, its validation, its cassette header, and the
+per-machine recording and replay of guest exchanges (no VM: real files, real recorder)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from runner.core.errors import InvalidInput
+from runner.core.machines import Access, Machine, hosts_block, network_commands
+from runner.core.spec import load_spec, scenario_from_dict, scenario_to_dict
+
+TWO = textwrap.dedent("""\
+    id: two
+    title: Two machines
+    task: The shop cannot reach its database.
+    machines:
+      - name: web
+        image: debian-12-nginx
+      - name: db
+        image: debian-12-postgres
+    access: ssh
+    setup:
+      - systemctl stop nginx
+      - machine: db
+        run: systemctl stop postgresql
+    probes:
+      - machine: db
+        port: {port: 5432, listening: true}
+      - service: {name: nginx, active: true}
+    invariants:
+      - machine: db
+        service: {name: ssh, active: true}
+    solution: [systemctl start nginx, ssh db systemctl start postgresql]
+""")
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "x.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_machines_are_read_with_stable_addresses(tmp_path: Path) -> None:
+    s = load_spec(_write(tmp_path, TWO))
+    assert [(m.name, m.image, m.address, m.mac) for m in s.machines] == [
+        ("web", "debian-12-nginx", "10.77.0.11", "52:54:00:77:00:0b"),
+        ("db", "debian-12-postgres", "10.77.0.12", "52:54:00:77:00:0c")]
+    assert s.image == "debian-12-nginx"  # the first machine's: what a one-image reader sees
+    assert s.access is Access.SSH and s.agent_machine is None
+    assert s.setup_steps() == [(None, "systemctl stop nginx"), ("db", "systemctl stop postgresql")]
+    assert [p.machine for p in s.probes] == ["db", None]
+    assert s.invariants[0].machine == "db"
+
+
+def test_a_multi_machine_header_round_trips(tmp_path: Path) -> None:
+    s = load_spec(_write(tmp_path, TWO))
+    d = json.loads(json.dumps(scenario_to_dict(s)))
+    assert d["machines"] == [{"name": "web", "image": "debian-12-nginx"},
+                             {"name": "db", "image": "debian-12-postgres"}]
+    assert d["access"] == "ssh" and d["setup_on"] == [None, "db"] and "agent_machine" not in d
+    assert d["probes"][0]["machine"] == "db" and "machine" not in d["probes"][1]
+    back = scenario_from_dict(d)
+    assert back == s and json.loads(json.dumps(scenario_to_dict(back))) == d
+
+
+def test_a_single_machine_header_has_none_of_the_new_keys(tmp_path: Path) -> None:
+    one = load_spec(Path(__file__).parents[2] / "specs" / "nginx-stopped.yaml")
+    d = scenario_to_dict(one)
+    assert not {"machines", "access", "agent_machine", "setup_on"} & set(d)
+    assert all("machine" not in p for p in d["probes"] + d["invariants"])
+    assert one.setup_steps() == [(None, c) for c in one.setup]
+
+
+@pytest.mark.parametrize(("edit", "field", "says"), [
+    (lambda t: t.replace("access: ssh\n", ""), "machines", "access: ssh or access: network"),
+    (lambda t: t.replace("machines:\n", "image: debian-12-nginx\nmachines:\n"), "image", "not both"),
+    (lambda t: t.replace("name: db", "name: web"), "machines[1].name", "used twice"),
+    (lambda t: t.replace("  - machine: db\n    port", "  - machine: dbx\n    port"),
+     "probes[0].machine", "no machine 'dbx'"),
+    (lambda t: t.replace("  - machine: db\n    run", "  - machine: cache\n    run"),
+     "setup[1].machine", "no machine 'cache'"),
+    (lambda t: t + "agent_machine: mail\n", "agent_machine", "no machine 'mail'"),
+    (lambda t: t.replace("image: debian-12-postgres", "image: no-such-image"), "machines[1].image",
+     "no image recipe"),
+    (lambda t: t.replace("access: ssh", "access: telnet"), "access", "'telnet' is not one of"),
+    (lambda t: t.replace("name: db", "name: DB"), "machines[1].name", "does not match"),
+    (lambda t: t.replace("  - machine: db\n    run: systemctl stop postgresql\n",
+                         "  - machine: db\n"), "setup[1]", "'run' is a required property"),
+])
+def test_bad_machines_are_one_line_naming_the_field(tmp_path: Path, edit, field: str,
+                                                    says: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        load_spec(_write(tmp_path, edit(TWO)))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(str(tmp_path / "x.yaml"))
+    assert f" {field}: " in text or f"{field}:" in text, text
+    assert says in text, text
+
+
+def test_machine_references_need_machines(tmp_path: Path) -> None:
+    one = textwrap.dedent("""\
+        id: one
+        title: One
+        image: debian-12-nginx
+        task: t
+        setup: [systemctl stop nginx]
+        probes:
+          - machine: db
+            service: {name: nginx, active: true}
+        solution: [systemctl start nginx]
+    """)
+    with pytest.raises(InvalidInput, match=r"probes\[0\]\.machine: machine: needs machines:"):
+        load_spec(_write(tmp_path, one))
+    with pytest.raises(InvalidInput, match=r"access: access needs machines:"):
+        load_spec(_write(tmp_path, one.replace("  - machine: db\n    ", "  - ") + "access: ssh\n"))
+    with pytest.raises(InvalidInput, match="give the image the scenario runs on"):
+        load_spec(_write(tmp_path, one.replace("image: debian-12-nginx\n", "")))
+
+
+@pytest.mark.parametrize("damage", [
+    {"machines": "web"},
+    {"machines": [{"name": "web"}]},
+    {"access": "telnet"},
+    {"agent_machine": "nowhere"},
+    {"setup_on": ["db"]},
+])
+def test_a_damaged_multi_machine_header_is_invalid_input(tmp_path: Path, damage: dict) -> None:
+    d = {**scenario_to_dict(load_spec(_write(tmp_path, TWO))), **damage}
+    with pytest.raises(InvalidInput, match="the cassette's scenario is unreadable"):
+        scenario_from_dict(d)
+
+
+def test_network_commands_name_every_machine() -> None:
+    machines = (Machine("web", "debian-12-nginx", 0), Machine("db", "debian-12-postgres", 1))
+    assert hosts_block(machines).splitlines()[1:] == ["10.77.0.11 web", "10.77.0.12 db"]
+    script = network_commands(machines[1], machines)
+    assert "hostname db" in script and "Address=10.77.0.12/24" in script
+    assert "MACAddress=52:54:00:77:00:0c" in script and "10.77.0.11 web" in script
