@@ -140,3 +140,46 @@ def test_network_commands_name_every_machine() -> None:
     script = network_commands(machines[1], machines)
     assert "hostname db" in script and "Address=10.77.0.12/24" in script
     assert "MACAddress=52:54:00:77:00:0c" in script and "10.77.0.11 web" in script
+
+
+def test_the_hub_sends_each_frame_to_every_other_machine_only() -> None:
+    import socket
+
+    from runner.backends.lan import Lan
+
+    with Lan(3) as lan:
+        ends = []
+        for i in range(3):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.bind(str(lan.machine_path(i)))
+            s.settimeout(3)
+            ends.append(s)
+        ends[0].sendto(b"frame from 0", str(lan.hub_path(0)))
+        assert ends[1].recv(100) == b"frame from 0" and ends[2].recv(100) == b"frame from 0"
+        ends[0].settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            ends[0].recv(100)  # a hub does not echo
+        port = lan.port(1, "52:54:00:77:00:0c")
+        assert port.netdev() == (f"dgram,id=lan,local.type=unix,local.path={lan.machine_path(1)},"
+                                 f"remote.type=unix,remote.path={lan.hub_path(1)}")
+        assert lan.frames == 1 and oct(lan.dir.stat().st_mode)[-3:] == "700"
+        for s in ends:
+            s.close()
+    assert not lan.dir.exists()
+
+
+def test_single_machine_qemu_arguments_are_unchanged_by_the_lan_option() -> None:
+    from runner.backends.images import BuiltImage
+    from runner.backends.lan import LanPort
+    from runner.backends.qemu import machine_digest, qemu_args
+
+    image = BuiltImage(name="x", dir=Path("."), base=Path("b"), kernel=Path("k"), initrd=Path("i"),
+                       ssh_key=Path("s"), sha256="0" * 64, memory_mib=256, cmdline="c",
+                       built_at="now")
+    plain = qemu_args(image, Path("d"), "tcg", None, Path("c"), Path("q"), {22: 1, 80: 2})
+    assert "lan" not in " ".join(plain)
+    with_lan = qemu_args(image, Path("d"), "tcg", None, Path("c"), Path("q"), {22: 1, 80: 2},
+                         LanPort(Path("m"), Path("h"), "52:54:00:77:00:0b"))
+    assert with_lan[:len(plain) - 8] == plain[:len(plain) - 8]
+    assert "virtio-net-pci,netdev=lan,mac=52:54:00:77:00:0b" in with_lan
+    assert machine_digest(image, "tcg") != machine_digest(image, "tcg", lan=True)
