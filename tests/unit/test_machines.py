@@ -183,3 +183,97 @@ def test_single_machine_qemu_arguments_are_unchanged_by_the_lan_option() -> None
     assert with_lan[:len(plain) - 8] == plain[:len(plain) - 8]
     assert "virtio-net-pci,netdev=lan,mac=52:54:00:77:00:0b" in with_lan
     assert machine_digest(image, "tcg") != machine_digest(image, "tcg", lan=True)
+
+
+# --- a multi-machine episode, recorded and replayed (flag guests: no VM) --------------------
+
+FLAGS = textwrap.dedent("""\
+    id: two-flags
+    title: Two machines of flags
+    task: db has lost its flag.
+    machines:
+      - name: web
+        image: debian-12-nginx
+      - name: db
+        image: debian-12-postgres
+    access: network
+    agent_machine: db
+    setup:
+      - machine: db
+        run: rm db-ok
+      - touch web-touched
+    probes:
+      - machine: db
+        command: {run: test -e db-ok}
+    invariants:
+      - command: {run: test -e web-ok}
+    solution: [touch db-ok]
+""")
+
+
+def _record_two(tmp_path: Path):
+    from flag_guest import FlagGuest
+
+    from runner.app.episodes import RunOptions, header
+    from runner.core.cassette import CassetteWriter
+    from runner.core.clock import Clock
+    from runner.core.episode import run_episode
+    from runner.core.machines import Machines
+    from runner.core.model import oracle
+    from runner.core.protocol import get_protocol
+    from runner.core.recording import RecordingGuest, RecordingModel
+
+    spec = tmp_path / "two-flags.yaml"
+    spec.write_text(FLAGS)
+    scenario = load_spec(spec)
+    web, db = FlagGuest({"web-ok"}), FlagGuest({"db-ok"})
+    model, protocol = oracle(list(scenario.solution)), get_protocol("tools")
+    cassette = tmp_path / "two-flags.r0.jsonl"
+    with CassetteWriter(cassette) as writer:
+        writer.write(header(scenario, model, protocol, "test", RunOptions(track_fix=False), 0, {}))
+        guests = Machines({"web": RecordingGuest(web, writer), "db": RecordingGuest(db, writer, "db")},
+                          scenario.agent_machine)
+        ep = run_episode(scenario, guests, RecordingModel(model, writer), protocol, Clock(writer),
+                         writer)
+    return ep, cassette, web, db
+
+
+def test_each_machine_gets_its_own_setup_probes_and_the_agent_its_shell(tmp_path: Path) -> None:
+    ep, cassette, web, db = _record_two(tmp_path)
+    assert ep.verdict.value == "pass", ep.reason
+    assert "web-touched" in web.flags and "db-ok" in db.flags and "db-ok" not in web.flags
+    events = [json.loads(line) for line in cassette.read_text().splitlines()]
+    guest = [e for e in events if e["type"] == "guest"]
+    # the network is set up first, one clean command per machine, each naming its machine
+    assert "machine" not in guest[0] and "hostname web" in guest[0]["input"]["command"]
+    assert guest[1]["machine"] == "db" and "hostname db" in guest[1]["input"]["command"]
+    setup = [e for e in guest if e["input"].get("command") in ("rm db-ok", "touch web-touched")]
+    assert [e.get("machine") for e in setup] == ["db", None]
+    execs = [e for e in guest if e["op"] == "exec"]
+    assert [e.get("machine") for e in execs] == ["db"]  # the agent's shell is on db
+    alive = [e for e in guest if e["op"] == "alive"]
+    assert [e.get("machine") for e in alive] == [None, "db"]  # the judge asks every machine
+
+
+def test_a_multi_machine_cassette_replays_the_same_and_a_wrong_machine_is_named(
+        tmp_path: Path) -> None:
+    from runner.app.html_report import load_trajectory
+    from runner.app.replay import replay_one
+
+    _ep, cassette, _web, _db = _record_two(tmp_path)
+    out = replay_one(cassette, offline=True, specs=[tmp_path])
+    assert out.same, out.note
+    traj = load_trajectory(cassette)
+    assert traj.machines == ["web", "db"] and traj.agent_machine == "db"
+    assert [(s.machine, s.command) for s in traj.setup] == [("db", "rm db-ok"),
+                                                            ("web", "touch web-touched")]
+    assert [(c.machine, c.command) for t in traj.turns for c in t.commands] == [("db", "touch db-ok")]
+    # an exchange moved to the other machine: the replay says where, and which machine
+    lines = cassette.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if '"op": "exec"' in line)
+    moved = json.loads(lines[i])
+    del moved["machine"]
+    lines[i] = json.dumps(moved)
+    cassette.write_text("\n".join(lines) + "\n")
+    out = replay_one(cassette, offline=True, specs=[tmp_path])
+    assert not out.same and "machine: the run wanted exec" in out.note and "on db" in out.note
