@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
@@ -190,10 +191,16 @@ class Machines(Guest):
         return all([g.alive() for g in self.guests.values()])
 
     def reboot(self, timeout: float) -> RebootResult:
-        """Reboot every machine, one after the other; clean only if each was."""
-        results = [g.reboot(timeout) for g in self.guests.values()]
+        """Reboot every machine side by side (a boot is minutes under TCG: one after the other
+        would be their sum); clean only if each was, as long as the slowest. The machines'
+        reboot exchanges are recorded in the order they end, which a replay does not hold
+        them to (:class:`~runner.core.replay.ReplayGuest`)."""
+        guests = list(self.guests.values())
+        with ThreadPoolExecutor(max_workers=len(guests), thread_name_prefix="rootbench-reboot") as pool:
+            futures = [pool.submit(g.reboot, timeout) for g in guests]
+            results = [f.result() for f in futures]  # the first machine's failure, if any
         return RebootResult(clean=all(r.clean for r in results),
-                            seconds=round(sum(r.seconds for r in results), 3))
+                            seconds=round(max(r.seconds for r in results), 3))
 
     def close(self) -> None:
         for g in self.guests.values():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,20 @@ class _Stream:
         self.what = what
         self.served = 0
         self._describe = describe
+        self.lock = threading.Lock()  # the machines of a run share one stream (and reboot from threads)
 
-    def next(self, wanted: str) -> dict[str, Any]:
+    def next(self, wanted: str, prefer: Callable[[dict[str, Any]], bool] | None = None,
+             unordered: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """The next event; with ``prefer``, the first event it accepts among the run of events
+        from here on that ``unordered`` says happened side by side (their order is not
+        recorded), brought forward."""
+        if prefer is not None and unordered is not None:
+            i = self.served
+            while i < len(self._events) and unordered(self._events[i]):
+                if prefer(self._events[i]):
+                    self._events.insert(self.served, self._events.pop(i))
+                    break
+                i += 1
         if self.served >= len(self._events):
             raise ReplayMismatch(f"the cassette has no more {self.what} events "
                                  f"(after {self.served}); the run wanted {wanted}")
@@ -207,7 +220,15 @@ class ReplayGuest(Guest):
                          for i, m in enumerate(scenario.machines)}, scenario.agent_machine)
 
     def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
-        event = self._stream.next(f"{op} {_short(_served(given))}")
+        with self._stream.lock:
+            return self._serve(op, given)
+
+    def _serve(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
+        # The machines of a run reboot side by side: among the reboots recorded in a row, this
+        # machine's is served whatever its place (single-machine cassettes have one at most).
+        event = self._stream.next(f"{op} {_short(_served(given))}",
+                                  prefer=lambda e: e.get("machine") == self.machine,
+                                  unordered=lambda e: e.get("op") == "reboot" and op == "reboot")
         # A changed timeout or cap does not change what was served; a changed command does.
         then_op = str(event.get("op"))
         recorded_op = _OLD_OPS.get(then_op, then_op)

@@ -211,7 +211,7 @@ FLAGS = textwrap.dedent("""\
 """)
 
 
-def _record_two(tmp_path: Path):
+def _record_two(tmp_path: Path, text: str = FLAGS):
     from flag_guest import FlagGuest
 
     from runner.app.episodes import RunOptions, header
@@ -224,7 +224,7 @@ def _record_two(tmp_path: Path):
     from runner.core.recording import RecordingGuest, RecordingModel
 
     spec = tmp_path / "two-flags.yaml"
-    spec.write_text(FLAGS)
+    spec.write_text(text)
     scenario = load_spec(spec)
     web, db = FlagGuest({"web-ok"}), FlagGuest({"db-ok"})
     model, protocol = oracle(list(scenario.solution)), get_protocol("tools")
@@ -277,3 +277,20 @@ def test_a_multi_machine_cassette_replays_the_same_and_a_wrong_machine_is_named(
     cassette.write_text("\n".join(lines) + "\n")
     out = replay_one(cassette, offline=True, specs=[tmp_path])
     assert not out.same and "machine: the run wanted exec" in out.note and "on db" in out.note
+
+
+def test_machines_reboot_side_by_side_and_replay_in_either_order(tmp_path: Path) -> None:
+    from runner.app.replay import replay_one
+
+    ep, cassette, web, db = _record_two(tmp_path, FLAGS + "reboot: true\n")
+    assert ep.verdict.value == "pass", ep.reason
+    assert web.reboots == 1 and db.reboots == 1
+    lines = cassette.read_text().splitlines()
+    reboots = [i for i, line in enumerate(lines) if '"op": "reboot"' in line]
+    assert len(reboots) == 2 and reboots[1] == reboots[0] + 1
+    assert replay_one(cassette, offline=True, specs=[tmp_path]).same
+    # recorded in the order they ended, which is either: both orders replay the same
+    lines[reboots[0]], lines[reboots[1]] = lines[reboots[1]], lines[reboots[0]]
+    cassette.write_text("\n".join(lines) + "\n")
+    out = replay_one(cassette, offline=True, specs=[tmp_path])
+    assert out.same, out.note
