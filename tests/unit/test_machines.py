@@ -294,3 +294,18 @@ def test_machines_reboot_side_by_side_and_replay_in_either_order(tmp_path: Path)
     cassette.write_text("\n".join(lines) + "\n")
     out = replay_one(cassette, offline=True, specs=[tmp_path])
     assert out.same, out.note
+
+
+def test_the_html_report_shows_each_command_after_its_machine(tmp_path: Path) -> None:
+    from runner.app.html_report import write_cassette_report
+
+    _ep, cassette, _web, _db = _record_two(tmp_path)
+    page = write_cassette_report([cassette], tmp_path / "report.html").read_text()
+    assert "db$ touch db-ok" in page and "db$ rm db-ok" in page and "web$ touch web-touched" in page
+    assert "Machines: web, db on one private network; the agent's shell is on db" in page
+    one = tmp_path / "one"
+    one.mkdir()  # a single-machine report shows no machine
+
+    single = Path(__file__).parents[2] / "recordings" / "oracle" / "nginx-stopped.jsonl"
+    page = write_cassette_report([single], one / "report.html").read_text()
+    assert "Machines:" not in page and "$ systemctl" in page and "None$" not in page
