@@ -19,6 +19,7 @@ report, so running never imports reporting.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -40,11 +41,13 @@ from runner.app.progress import Eta
 from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import atomic_write, load_results, slug, write_results
 from runner.app.signals import signals_raise
+from runner.backends.lan import Lan
 from runner.backends.sandbox import Sandbox
 from runner.core import layout
 from runner.core.cassette import RecordMode
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InfraError, InvalidInput
+from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.protocol import Protocol
 from runner.core.spec import Scenario, load_spec
@@ -53,7 +56,14 @@ from runner.core.text import one_line
 log = logging.getLogger("rootbench.bench")
 
 
-def _prepare_sandboxes(images: list[str], opts: RunOptions) -> None:
+def _machines_needed(scenarios: list[Scenario]) -> list[tuple[str, bool]]:
+    """Each image the scenarios restore, and whether with the private-network NIC (a machine of
+    a multi-machine scenario restores from that snapshot variant)."""
+    return sorted({(m.image, True) for s in scenarios for m in s.machines}
+                  | {(s.image, False) for s in scenarios if not s.machines})
+
+
+def _prepare_sandboxes(images: list[tuple[str, bool]], opts: RunOptions) -> None:
     """Build each image and its golden snapshot before the model server starts.
 
     On a fresh machine this is minutes of work: done here, it shows as set-up
@@ -61,9 +71,12 @@ def _prepare_sandboxes(images: list[str], opts: RunOptions) -> None:
     meanwhile. One sandbox is started and stopped per image. If that fails,
     the bench still goes on: each scenario tries again and reports infra-error.
     """
-    for image in images:
+    for image, lan in images:
         try:
-            with Sandbox(image, accel=opts.accel, transport=opts.transport) as box:
+            with contextlib.ExitStack() as stack:
+                port = stack.enter_context(Lan(1)).port(0, SNAPSHOT_LAN_MAC) if lan else None
+                box = stack.enter_context(Sandbox(image, accel=opts.accel,
+                                                  transport=opts.transport, lan=port))
                 how = "cold boot" if box.info.restore == "cold" else f"{box.info.restore} restore"
                 log.info("sandbox %s ready in %.2fs (%s, %s)", image, box.info.ready_s,
                          box.info.accel, how)
@@ -156,7 +169,8 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
 
     if not executor.remote:  # a Ray node builds its own images and snapshots
         with signals_raise():
-            _prepare_sandboxes(sorted({rd.scenario.image for rd in plan.live(None, resume)}), opts)
+            _prepare_sandboxes(_machines_needed([rd.scenario for rd in plan.live(None, resume)]),
+                               opts)
     models = plan.models()
     try:
         for model in models:

@@ -11,17 +11,21 @@ import contextlib
 import datetime as _dt
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner import __version__
+from runner.backends.fleet import Fleet
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import CassetteWriter
 from runner.core.cassette_header import CassetteHeader, Harness, ProtocolChoice, SandboxOptions
 from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode
 from runner.core.errors import InfraError
+from runner.core.guest import Guest
+from runner.core.machines import Machines
 from runner.core.model import Model
 from runner.core.protocol import Protocol, get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
@@ -71,6 +75,37 @@ def header(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
     ).to_event()
 
 
+@dataclass
+class Machinery:
+    """A scenario's sandbox or fleet, up: what an episode needs of it."""
+
+    guest: Guest  # the one machine, or every machine as :class:`Machines` (the agent's first)
+    killed_externally: Callable[[], bool]
+    ready_s: float
+    info: dict[str, Any]  # for the cassette header's ``image``
+
+
+@contextlib.contextmanager
+def machinery(scenario: Scenario, accel: str, transport: str,
+              wrap: Callable[[Guest, str | None], Guest] | None = None) -> Iterator[Machinery]:
+    """The scenario's machine (a :class:`Sandbox`), or its machines (a :class:`Fleet`), up.
+
+    ``wrap(guest, machine)`` wraps each machine's guest (a recorder): ``machine``
+    is None for the first, the one every single-machine run has, else its name.
+    """
+    wrap = wrap or (lambda g, _m: g)
+    if not scenario.machines:
+        with Sandbox(scenario.image, accel=accel, transport=transport) as box:
+            yield Machinery(wrap(box.guest, None), box.killed_externally, box.info.ready_s,
+                            box.info.to_dict())
+        return
+    with Fleet(scenario.machines, accel=accel, transport=transport) as fleet:
+        guests = {name: wrap(g, None if i == 0 else name)
+                  for i, (name, g) in enumerate(fleet.guests().items())}
+        yield Machinery(Machines(guests, scenario.agent_machine), fleet.killed_externally,
+                        fleet.ready_s, fleet.info())
+
+
 def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
             opts: RunOptions, cassette_path: Path, *, round_: int = 0,
             hint_level: int = 0) -> Episode:
@@ -82,8 +117,9 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
     """
     with CassetteWriter(cassette_path) as writer, contextlib.ExitStack() as stack:
         try:
-            box = stack.enter_context(Sandbox(scenario.image, accel=opts.accel,
-                                              transport=opts.transport))
+            box = stack.enter_context(machinery(
+                scenario, opts.accel, opts.transport,
+                lambda g, machine: RecordingGuest(g, writer, machine)))
         except InfraError as exc:
             writer.write(header(scenario, model, protocol, reason, opts, round_, {},
                                 hint_level=hint_level))
@@ -92,13 +128,13 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
                                      hint_level=hint_level, cassette=str(cassette_path))
             writer.write({"type": "verdict", **ep.to_dict()})
             return ep
-        writer.write(header(scenario, model, protocol, reason, opts, round_, box.info.to_dict(),
+        writer.write(header(scenario, model, protocol, reason, opts, round_, box.info,
                             hint_level=hint_level))
-        return run_episode(scenario, RecordingGuest(box.guest, writer),
+        return run_episode(scenario, box.guest,
                            RecordingModel(model, writer), protocol, Clock(writer), writer,
                            vm_killed=box.killed_externally, round_=round_,
                            hint_level=hint_level, track_fix=opts.track_fix,
-                           restore_seconds=box.info.ready_s)
+                           restore_seconds=box.ready_s)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from runner.app.bench import run_bench
 from runner.app.episodes import RunOptions
 from runner.app.executors import make_local
 from runner.app.replay import replay_one
+from runner.backends.fleet import Fleet
 from runner.backends.images import ensure_image
 from runner.backends.llama import DEFAULT_MODEL, LlamaServer, ensure_llama_server, fetch_model
 from runner.backends.openai import OpenAIModel
@@ -32,6 +33,7 @@ from runner.core import layout
 from runner.core.cassette import Cassette, find_cassettes
 from runner.core.episode import dominant_phase
 from runner.core.errors import RootbenchError
+from runner.core.machines import Access, Machine, Machines, configure
 from runner.core.model import ChatRequest
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import Bundled, bundled
@@ -52,6 +54,8 @@ TARGETS: dict[str, tuple[float, str, str]] = {
     "overlay_create_ms": (50.0, "max", "qemu-img create of an overlay"),
     "replay_offline_s": (5.0, "max", "replay of every committed cassette"),
     "turn_overhead_ms": (5.0, "max", "harness time per replayed turn"),
+    # Issue #31: the machines of a scenario restore side by side.
+    "machines2_restore_ratio": (2.0, "max", "two machines restored within 2x of one restore"),
 }
 # A target missed is explained by the measured floor under it: (target, why, the figures it
 # names). render() prints the line under a missed target when those figures are present.
@@ -197,6 +201,42 @@ def _vm_figures(accel: str) -> dict[str, Any]:
         out["rtt_spawn_ratio"] = round(out["command_rtt_ms"] / out["guest_spawn_ms"], 2)
     if systemctl:
         out["guest_systemctl_ms"] = round(statistics.median(systemctl), 1)
+    return out
+
+
+def _machines_figures(accel: str, rounds: int = 3) -> dict[str, Any]:
+    """Issue #31: two machines against one, in one run (so the ratio holds on any machine).
+
+    One restore is an ordinary one-machine sandbox of the image (entering it to a ready
+    guest); two are a :class:`Fleet` of two machines of the same image, restored side by
+    side from the snapshot variant with the private-network NIC. Then the harness's
+    network setup of the two (``access: ssh``), and each machine's QEMU memory: the second
+    machine's is what an extra machine costs.
+    """
+    pair = (Machine("one", IMAGE, 0), Machine("two", IMAGE, 1))
+    with Fleet(pair, accel=accel):  # the variant's snapshot made (once), not timed
+        pass
+    one: list[float] = []
+    two: list[float] = []
+    setup: list[float] = []
+    out: dict[str, Any] = {}
+    for i in range(rounds):
+        with Sandbox(IMAGE, accel=accel) as box:
+            one.append(box.info.ready_s)
+        with Fleet(pair, accel=accel) as fleet:
+            two.append(fleet.ready_s)
+            t0 = time.monotonic()
+            configure(Machines(fleet.guests()), pair, Access.SSH)
+            setup.append(time.monotonic() - t0)
+            if i == 0:
+                time.sleep(1.0)  # idle, as vm_rss_mib is taken
+                mem = [qemu_memory_mib(b.pid) for b in fleet.boxes.values() if b.pid is not None]
+                out["machine_extra_rss_mib"] = mem[-1]["rss"]
+                out["machine_extra_private_mib"] = mem[-1]["private"]
+    out["machines1_restore_s"] = round(statistics.median(one), 3)
+    out["machines2_restore_s"] = round(statistics.median(two), 3)
+    out["machines2_restore_ratio"] = round(out["machines2_restore_s"] / out["machines1_restore_s"], 2)
+    out["machines2_network_setup_s"] = round(statistics.median(setup), 3)
     return out
 
 
@@ -351,6 +391,7 @@ def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
     figures.update(_replay_figures())
     if vm:
         figures.update(_vm_figures(accel))
+        figures.update(_machines_figures(figures["accel"]))
         figures.update(_oracle_figures(figures["accel"]))
         if scale:
             figures.update(_scale_figures(accel))

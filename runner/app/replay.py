@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.backends.sandbox import Sandbox
+from runner.app.episodes import machinery
 from runner.core.cassette import Cassette
 from runner.core.clock import Clock
 from runner.core.episode import GRADED_FIELDS, Episode, run_episode
@@ -345,10 +345,11 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
     round_ = cas.head.round
     if offline:
         assert guest is not None and clock is not None
-        return run_episode(scenario, guest, model, rep.protocol, clock, None, round_=round_,
+        return run_episode(scenario, guest.for_scenario(scenario), model, rep.protocol, clock,
+                           None, round_=round_,
                            hint_level=rep.hint_level, track_fix=rep.track_fix, rules=rep.rules)
-    with Sandbox(scenario.image, accel=accel, transport=transport) as box:
+    with machinery(scenario, accel, transport) as box:
         return run_episode(scenario, box.guest, model, rep.protocol, Clock(), None,
                            vm_killed=box.killed_externally, round_=round_,
                            hint_level=rep.hint_level, track_fix=rep.track_fix,
-                           restore_seconds=box.info.ready_s, rules=rep.rules)
+                           restore_seconds=box.ready_s, rules=rep.rules)

@@ -32,8 +32,10 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from runner.backends.cachedir import cache_dir
 from runner.backends.images import BuiltImage
+from runner.backends.lan import LanPort
 from runner.backends.process import die_with_parent, end_process, free_port
 from runner.core.errors import VMError
+from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.vm")
@@ -104,12 +106,15 @@ RamFile = tuple[Path, bool]  # the guest RAM's file and whether QEMU writes it (
 
 
 def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, console: Path,
-              qmp: Path, forwards: dict[int, int]) -> list[str]:
+              qmp: Path, forwards: dict[int, int], lan: LanPort | None = None) -> list[str]:
     """QEMU's arguments for ``image``, the binary not included (nor ``-incoming``, ``-S``).
 
     The RAM is always the memory backend ``mem0``, a file or anonymous: a saved
     migration stream names its RAM block, so a full state saved from the
     file-backed template loads into anonymous RAM only under the same name.
+    ``lan``: a second NIC on a private network (a multi-machine scenario's,
+    :mod:`runner.backends.lan`); a machine with one is another virtual machine,
+    restored from a snapshot of its own (:func:`machine_digest` differs).
     """
     mem = image.memory_mib
     fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in forwards.items())
@@ -126,13 +131,15 @@ def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, co
             "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
             "-netdev", f"user,id=n0,restrict=on,{fwd}",
             "-device", "virtio-net-pci,netdev=n0",
+            *(["-netdev", lan.netdev(), "-device", f"virtio-net-pci,netdev=lan,mac={lan.mac}"]
+              if lan else []),
             "-chardev", f"socket,id=ser0,path={console},server=on,wait=off",
             "-serial", "chardev:ser0",
             "-qmp", f"unix:{qmp},server=on,wait=off",
             "-object", backend]
 
 
-def machine_digest(image: BuiltImage, accel: str) -> str:
+def machine_digest(image: BuiltImage, accel: str, lan: bool = False) -> str:
     """A short hash of the golden boot's command line with the per-VM parts (paths, ports) fixed.
 
     A saved VM state loads only into the same virtual machine: a changed machine
@@ -140,8 +147,10 @@ def machine_digest(image: BuiltImage, accel: str) -> str:
     every restore. The kernel and initrd are the image's (its sha covers them).
     """
     fixed = dataclasses.replace(image, kernel=Path("vmlinuz"), initrd=Path("initrd.img"))
+    # The LAN's sockets and MAC differ per machine; its backend is not part of a saved state.
+    port = LanPort(Path("lan"), Path("hub"), SNAPSHOT_LAN_MAC) if lan else None
     args = qemu_args(fixed, Path("disk"), accel, (Path("ram"), True), Path("console"), Path("qmp"),
-                     dict.fromkeys(FORWARDED_PORTS, 0))
+                     dict.fromkeys(FORWARDED_PORTS, 0), port)
     return hashlib.sha256("\0".join(args).encode()).hexdigest()[:8]
 
 
@@ -149,12 +158,15 @@ class Qemu:
     """One QEMU process with a QMP socket and a serial socket in a private 0700 directory."""
 
     def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
-                 ram: RamFile | None, incoming: bool, *, paused: bool = False) -> None:
+                 ram: RamFile | None, incoming: bool, *, paused: bool = False,
+                 lan: LanPort | None = None) -> None:
         """``ram``: the guest RAM in a file, shared (the golden boot) or copy-on-write (a
         template restore); None for ordinary anonymous RAM. ``incoming``: wait for
         ``migrate-incoming``. ``paused``: do not run the guest (``-S``), not even once an
-        incoming migration has loaded it, so its state can be migrated on unchanged."""
+        incoming migration has loaded it, so its state can be migrated on unchanged.
+        ``lan``: the machine's port on its sandbox's private network (None: no second NIC)."""
         self.workdir = workdir
+        self.lan = lan
         self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
@@ -182,7 +194,7 @@ class Qemu:
         self.forwards = {guest: free_port() for guest in FORWARDED_PORTS}
         self.log_path = workdir / "qemu.log"
         cmd = [qemu_binary(), *qemu_args(image, disk, accel, ram, self.console_path, self.qmp_path,
-                                         self.forwards)]
+                                         self.forwards, self.lan)]
         if incoming:
             cmd += ["-incoming", "defer"]
         if paused:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.backends.images import BuiltImage, ensure_image
+from runner.backends.lan import LanPort
 from runner.backends.qemu import (
     KvmUnusable,
     Qemu,
@@ -96,10 +97,12 @@ class Sandbox:
     def __init__(self, image: str = "debian-12-nginx", *, accel: str = "auto",
                  transport: str = "serial", workdir: Path | str | None = None,
                  snapshot: bool = True, restore: str | None = None,
-                 snapshot_dir: Path | str | None = None) -> None:
+                 snapshot_dir: Path | str | None = None, lan: LanPort | None = None) -> None:
         """``restore``: the first way to try (template, full-state, cold); ``snapshot=False``
         means cold. ``snapshot_dir``: restore from this golden snapshot instead of the
-        cache's (tests point it at a damaged copy: the cached one is shared and read-only)."""
+        cache's (tests point it at a damaged copy: the cached one is shared and read-only).
+        ``lan``: this VM's port on a private network (one machine of a :class:`~runner.
+        backends.fleet.Fleet`): a second NIC, restored from the snapshot variant with one."""
         if transport not in ("serial", "ssh"):
             raise InvalidInput(f"unknown transport {transport!r} (serial or ssh)", field="--transport")
         if accel not in ("auto", "kvm", "tcg"):
@@ -115,6 +118,7 @@ class Sandbox:
         self.parent = Path(workdir) if workdir else None
         self.restore = restore if snapshot else "cold"
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.lan = lan
         self.info: SandboxInfo
         self.guest: Guest
         self._q: Qemu | None = None
@@ -204,7 +208,7 @@ class Sandbox:
     def _snapshot(self, image: BuiltImage, accel: str) -> Path:
         """The golden snapshot to restore from: the one given, else the cache's (made if missing)."""
         if self.snapshot_dir is None:
-            return ensure_snapshot(image, accel)
+            return ensure_snapshot(image, accel, lan=self.lan is not None)
         missing = [f for f in FILES if not (self.snapshot_dir / f).is_file()]
         if missing:
             raise VMError(f"{self.snapshot_dir} lacks {', '.join(missing)}")
@@ -214,7 +218,8 @@ class Sandbox:
         """RAM: the template file, copy-on-write; only the small device state is read."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
-        self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True)
+        self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True,
+                           lan=self.lan)
         # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
         # completed, sent after the run state is set), so the wait reads one event
         # instead of polling query-status and query-migrate over QMP.
@@ -229,7 +234,7 @@ class Sandbox:
         """RAM: anonymous, filled from the whole saved VM; needs nothing of the template's RAM file."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, True)
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan)
         q.cmd("migrate-set-capabilities", capabilities=[{"capability": "events", "state": True}])
         q.qmp.clear_events()
         q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(snap / 'full.state'))}")
@@ -260,7 +265,7 @@ class Sandbox:
     def _cold(self, image: BuiltImage, accel: str) -> None:
         overlay = self._fresh_overlay(image.base)
         assert self._dir is not None
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, False)
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan)
         self._serial = wait_for_shell(q, BOOT_TIMEOUT)
         self.shell_s = time.monotonic() - q.started
         wait_until_settled(self._serial, READY_TIMEOUT)

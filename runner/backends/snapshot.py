@@ -26,16 +26,21 @@ import logging
 import os
 import shlex
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from runner.backends.cachedir import cache_dir, file_lock
 from runner.backends.framing import helper_digest
 from runner.backends.images import BuiltImage
+from runner.backends.lan import LanPort
 from runner.backends.qemu import KvmUnusable, Qemu, machine_digest, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
 from runner.core.errors import GuestDown, VMError
 from runner.core.guest import Guest
+from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.vm")
@@ -99,23 +104,48 @@ def wait_until_settled(guest: Guest, timeout: float) -> str:
                                       f"(systemd state {state})")
 
 
-def snapshot_dir(image: BuiltImage, accel: str) -> Path:
-    """Where the golden snapshot of ``image`` under ``accel`` lives; its name is its cache key."""
+def snapshot_dir(image: BuiltImage, accel: str, lan: bool = False) -> Path:
+    """Where the golden snapshot of ``image`` under ``accel`` lives; its name is its cache key.
+
+    ``lan``: the variant with a second NIC, which a machine of a multi-machine
+    scenario is (another virtual machine, so another saved state); a
+    single-machine sandbox never uses it, so its restores are what they were.
+    """
     # The guest helper runs inside the template, so its version is part of the key; so is the
     # rest of QEMU's command line (machine type, CPU model, devices): a state loads into no other.
     key = (f"{image.sha256[:16]}-qemu{qemu_version()}-{accel}-{image.memory_mib}m-v{SNAPSHOT_VERSION}"
-           f"-h{helper_digest()}-c{machine_digest(image, accel)}")
-    return cache_dir("snapshots") / f"{image.name}-{key}"
+           f"-h{helper_digest()}-c{machine_digest(image, accel, lan)}")
+    return cache_dir("snapshots") / f"{image.name}-{key}{'-lan' if lan else ''}"
+
+
+@contextmanager
+def dead_end_lan(lan: bool) -> Iterator[LanPort | None]:
+    """The golden boot's LAN NIC (``lan``): a port to nowhere, in a short private directory.
+
+    A NIC's backend is not part of a saved state, so the template is saved
+    with one that leads nowhere and each restore plugs in its sandbox's
+    network. Unix socket paths are capped at 108 bytes: not in the cache.
+    """
+    if not lan:
+        yield None
+        return
+    d = Path(tempfile.mkdtemp(prefix="rb-lan-"))
+    try:
+        yield LanPort(d / "m.sock", d / "nowhere.sock", SNAPSHOT_LAN_MAC)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _snapshot_ready(d: Path) -> bool:
     return all((d / f).is_file() for f in (*FILES, "snapshot.json"))
 
 
-def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float) -> None:
+def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float,
+                   lan: LanPort | None = None) -> None:
     """One cold boot, waited on until settled, then saved into ``work`` (RAM file, device state)."""
     make_overlay(image.base, work / "frozen.qcow2")
-    q = Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False)
+    q = Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False,
+             lan=lan)
     try:
         guest = wait_for_shell(q, BOOT_TIMEOUT)
         state = wait_until_settled(guest, READY_TIMEOUT)
@@ -135,7 +165,7 @@ def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float) -> None
         q.stop()
 
 
-def _save_full_state(image: BuiltImage, accel: str, work: Path) -> None:
+def _save_full_state(image: BuiltImage, accel: str, work: Path, lan: LanPort | None = None) -> None:
     """Save ``full.state`` from the template just saved in ``work``: restored paused, migrated on.
 
     The golden QEMU cannot do it (QEMU refuses to migrate a VM a completed
@@ -147,7 +177,7 @@ def _save_full_state(image: BuiltImage, accel: str, work: Path) -> None:
     scratch.mkdir()
     make_overlay(work / "frozen.qcow2", scratch / "overlay.qcow2")
     q = Qemu(image, scratch / "overlay.qcow2", accel, scratch, (work / "template.ram", False), True,
-             paused=True)
+             paused=True, lan=lan)
     try:
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": "x-ignore-shared", "state": True},
@@ -164,22 +194,26 @@ def _save_full_state(image: BuiltImage, accel: str, work: Path) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def ensure_snapshot(image: BuiltImage, accel: str) -> Path:
-    """The golden snapshot's directory; made by one cold boot if the cache lacks it."""
-    d = snapshot_dir(image, accel)
+def ensure_snapshot(image: BuiltImage, accel: str, lan: bool = False) -> Path:
+    """The golden snapshot's directory; made by one cold boot if the cache lacks it.
+
+    ``lan``: the variant with a second NIC (see :func:`snapshot_dir`)."""
+    d = snapshot_dir(image, accel, lan)
     if _snapshot_ready(d):
         return d
     with file_lock(d, f"snapshot {image.name}"):
         if _snapshot_ready(d):
             return d
-        log.info("making the golden snapshot of %s (%s): one cold boot", image.name, accel)
+        log.info("making the golden snapshot of %s (%s%s): one cold boot", image.name, accel,
+                 ", with a private-network NIC" if lan else "")
         t0 = time.monotonic()
         work = d.with_name(d.name + ".partial")
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True, mode=0o700)
         try:
-            _boot_and_save(image, accel, work, t0)
-            _save_full_state(image, accel, work)
+            with dead_end_lan(lan) as port:
+                _boot_and_save(image, accel, work, t0, port)
+                _save_full_state(image, accel, work, port)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)  # a failed attempt leaves no 460 MB behind
             raise
@@ -187,7 +221,7 @@ def ensure_snapshot(image: BuiltImage, accel: str) -> Path:
             os.chmod(work / name, 0o444)
         (work / "snapshot.json").write_text(json.dumps({
             "image": image.name, "image_sha256": image.sha256, "accel": accel,
-            "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
+            **({"lan": True} if lan else {}), "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
         shutil.rmtree(d, ignore_errors=True)
         work.rename(d)
         log.info("golden snapshot saved in %.1fs", time.monotonic() - t0)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
@@ -104,8 +105,15 @@ class CassetteWriter:
         self._file: IO[str] | None = open(self.partial, "w", encoding="utf-8")  # noqa: SIM115
         self._secrets = _secrets()
         self.events = 0
+        # The machines of a multi-machine run reboot side by side, each recording its reboot
+        # from its own thread: one line at a time, never two interleaved.
+        self._lock = threading.Lock()
 
     def write(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(event)
+
+    def _write(self, event: dict[str, Any]) -> None:
         if self._file is None:
             raise RuntimeError("cassette already closed")
         try:

@@ -53,6 +53,7 @@ from runner.core.clock import Clock
 from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelServerError
 from runner.core.forbidden import forbidden_reason
 from runner.core.guest import CommandResult, Guest
+from runner.core.machines import Access, Machines, configure
 from runner.core.model import ChatRequest, Model
 from runner.core.outcomes import (
     AgentKind,
@@ -502,17 +503,29 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
 
     A step that ends the run (the fault did not land, a setup command failed)
     returns from inside its ``with``, so the phases that never began are absent.
+    A multi-machine scenario's machines are put on their network first
+    (:func:`runner.core.machines.configure`): part of bringing them up, so its
+    time is added to ``restore``.
     """
+    if scenario.machines:
+        if not isinstance(guest, Machines):
+            raise InfraError(f"{scenario.id} needs {len(scenario.machines)} machines; "
+                             "the run was given one guest")
+        t0 = time.monotonic()
+        try:
+            configure(guest, scenario.machines, scenario.access or Access.NETWORK)
+        finally:
+            ep.phases["restore"] = round(ep.phases.get("restore", 0.0) + time.monotonic() - t0, 3)
     with _phase(ep, "baseline"):
         baseline = run_probes(guest, scenario.invariants, clock, rules=rules, wait=False)
         ep.baseline = _as_dicts(baseline)
     with _phase(ep, "setup"):
-        for i, command in enumerate(scenario.setup):
-            result = guest.run_clean(command, max(float(scenario.budget.command_timeout),
-                                                  SETUP_TIMEOUT))
+        for i, (machine, command) in enumerate(scenario.setup_steps()):
+            result = guest.on(machine).run_clean(command, max(float(scenario.budget.command_timeout),
+                                                              SETUP_TIMEOUT))
             if result.timed_out or result.exit_code != 0:
                 ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
-                ep.reason = (f"setup[{i}] "
+                ep.reason = (f"setup[{i}]{f' on {machine}' if machine else ''} "
                              f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}"
                              f": {tail(clean_text(result.output), 120)}")
                 return

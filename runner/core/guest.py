@@ -92,5 +92,12 @@ class Guest(abc.ABC):
         within ``timeout`` seconds is :class:`~runner.core.errors.GuestDown`.
         """
 
+    def on(self, machine: str | None) -> Guest:
+        """The guest of ``machine`` in a multi-machine run (:class:`runner.core.machines.Machines`);
+        a single machine is the only one there is, named by None."""
+        if machine is not None:
+            raise ValueError(f"no machine {machine!r}: this run has one machine")
+        return self
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the channel; the VM's own teardown belongs to the sandbox."""

@@ -568,7 +568,8 @@ def _again(guest: Guest, probe: ProbeLike, rules: Rules, before: ProbeResult) ->
 
 
 def _check(guest: Guest, probe: ProbeLike, rules: Rules) -> ProbeResult:
-    outcome, detail = probe.condition.check(guest, rules)
+    # The machine it names, in a multi-machine run (runner.core.machines.Machines); else the one.
+    outcome, detail = probe.condition.check(guest.on(getattr(probe, "machine", None)), rules)
     return ProbeResult(probe.name, probe.condition.kind, ProbeOutcome(outcome), _one_line(detail))
 
 

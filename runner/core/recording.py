@@ -16,14 +16,23 @@ _Result = TypeVar("_Result", CommandResult, HttpResult, RebootResult)
 
 
 class RecordingGuest(Guest):
-    """Passes calls to a real guest and records every exchange."""
+    """Passes calls to a real guest and records every exchange.
 
-    def __init__(self, inner: Guest, writer: CassetteWriter) -> None:
+    ``machine``: the machine's name in a multi-machine run, written into each
+    exchange; None for the first machine (and every single-machine run), so
+    their exchanges are written exactly as they always were.
+    """
+
+    def __init__(self, inner: Guest, writer: CassetteWriter, machine: str | None = None) -> None:
         self.inner = inner
         self.writer = writer
+        self.machine = machine
 
     def _record(self, op: str, given: dict[str, Any], result: dict[str, Any]) -> None:
-        self.writer.write({"type": "guest", "op": op, "input": given, "result": result})
+        event: dict[str, Any] = {"type": "guest", "op": op}
+        if self.machine is not None:
+            event["machine"] = self.machine
+        self.writer.write({**event, "input": given, "result": result})
 
     def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
         given = {"command": command, "timeout": timeout, "output_limit": output_limit}

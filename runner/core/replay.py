@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,10 @@ from runner.core.errors import (
     ReplayMismatch,
 )
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
+from runner.core.machines import Machines
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.paths import default_spec_dirs
-from runner.core.spec import parse_yaml, read_text, spec_files
+from runner.core.spec import Scenario, parse_yaml, read_text, spec_files
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -45,8 +47,20 @@ class _Stream:
         self.what = what
         self.served = 0
         self._describe = describe
+        self.lock = threading.Lock()  # the machines of a run share one stream (and reboot from threads)
 
-    def next(self, wanted: str) -> dict[str, Any]:
+    def next(self, wanted: str, prefer: Callable[[dict[str, Any]], bool] | None = None,
+             unordered: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """The next event; with ``prefer``, the first event it accepts among the run of events
+        from here on that ``unordered`` says happened side by side (their order is not
+        recorded), brought forward."""
+        if prefer is not None and unordered is not None:
+            i = self.served
+            while i < len(self._events) and unordered(self._events[i]):
+                if prefer(self._events[i]):
+                    self._events.insert(self.served, self._events.pop(i))
+                    break
+                i += 1
         if self.served >= len(self._events):
             raise ReplayMismatch(f"the cassette has no more {self.what} events "
                                  f"(after {self.served}); the run wanted {wanted}")
@@ -174,19 +188,56 @@ def _served(given: dict[str, Any]) -> dict[str, Any]:
 _OLD_OPS = {"probe": "clean"}
 
 
-class ReplayGuest(Guest):
-    """Serves recorded guest exchanges, in order, checking each call matches."""
+def _on(event: dict[str, Any]) -> str:
+    machine = event.get("machine")
+    return f" on {machine}" if machine is not None else ""
 
-    def __init__(self, cassette: Cassette) -> None:
-        self._stream = _Stream(cassette.stream("guest"), "guest",
-                               lambda e: f"{e.get('op')} {_short(e.get('input'))}")
+
+class ReplayGuest(Guest):
+    """Serves recorded guest exchanges, in order, checking each call matches.
+
+    A multi-machine run's exchanges are one stream in the order they happened,
+    each naming its machine (none: the first): :meth:`for_scenario` gives the
+    run its machines, each a view of that one stream that checks the machine
+    as it checks the op and the input.
+    """
+
+    def __init__(self, cassette: Cassette | None = None, *, machine: str | None = None,
+                 stream: _Stream | None = None) -> None:
+        if stream is None:
+            assert cassette is not None
+            stream = _Stream(cassette.stream("guest"), "guest",
+                             lambda e: f"{e.get('op')}{_on(e)} {_short(e.get('input'))}")
+        self._stream = stream
+        self.machine = machine
+
+    def for_scenario(self, scenario: Scenario) -> Guest:
+        """The guest the episode is given: this one, or the scenario's machines served from it."""
+        if not scenario.machines:
+            return self
+        return Machines({m.name: ReplayGuest(machine=None if i == 0 else m.name,
+                                             stream=self._stream)
+                         for i, m in enumerate(scenario.machines)}, scenario.agent_machine)
 
     def _next(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
-        event = self._stream.next(f"{op} {_short(_served(given))}")
+        with self._stream.lock:
+            return self._serve(op, given)
+
+    def _serve(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
+        # The machines of a run reboot side by side: among the reboots recorded in a row, this
+        # machine's is served whatever its place (single-machine cassettes have one at most).
+        event = self._stream.next(f"{op} {_short(_served(given))}",
+                                  prefer=lambda e: e.get("machine") == self.machine,
+                                  unordered=lambda e: e.get("op") == "reboot" and op == "reboot")
         # A changed timeout or cap does not change what was served; a changed command does.
         then_op = str(event.get("op"))
         recorded_op = _OLD_OPS.get(then_op, then_op)
         where = f"guest exchange {self._stream.served}"
+        if event.get("machine") != self.machine:
+            here = self.machine or "the first machine"
+            raise ReplayMismatch(
+                f"{where}: machine: the run wanted {op} {_short(_served(given))} on {here}, "
+                f"the cassette has it on {event.get('machine') or 'the first machine'}")
         if recorded_op != op:
             raise ReplayMismatch(
                 f"{where}: op: the run wanted {op} {_short(_served(given))}, the cassette has "

@@ -27,6 +27,7 @@ import jsonschema
 import yaml
 
 from runner.core.errors import InvalidInput
+from runner.core.machines import MAX_MACHINES, Access, Machine
 from runner.core.paths import find_recipe, image_dirs, schema_path
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
@@ -62,6 +63,7 @@ class Probe:
     name: str
     within: float | None = None
     weight: float = 1.0  # the probe's share of the run's score (success probes only)
+    machine: str | None = None  # the machine it asks (a multi-machine spec); None: the first
 
     @property
     def kind(self) -> str:
@@ -77,6 +79,8 @@ class Probe:
                                "name": self.name, "within": self.within}
         if self.weight != 1.0:
             out["weight"] = self.weight
+        if self.machine is not None:
+            out["machine"] = self.machine
         return out
 
     @classmethod
@@ -93,8 +97,12 @@ class Probe:
         weight = d.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
             raise TypeError(f"probe 'weight' must be a positive number, not {weight!r}")
+        machine = d.get("machine")
+        if machine is not None and not isinstance(machine, str):
+            raise TypeError(f"probe 'machine' must be a string, not {type(machine).__name__}")
         return cls(condition=KINDS[d["kind"]].from_params(d["params"]), name=name,
-                   within=None if within is None else float(within), weight=float(weight))
+                   within=None if within is None else float(within), weight=float(weight),
+                   machine=machine)
 
 
 class ShortcutKind(str, Enum):
@@ -214,6 +222,17 @@ class Scenario:
     # seconds of guest time (None: no pause), then after a clean reboot (``reboot``).
     recheck_after: float | None = None
     reboot: bool = False
+    # Several VMs on a private network (docs/machines.md); empty: one machine of ``image``,
+    # as every spec before them. ``image`` is then the first machine's.
+    machines: tuple[Machine, ...] = ()
+    access: Access | None = None  # how the agent's shell reaches the others (with machines)
+    agent_machine: str | None = None  # where the agent's shell is; None: the first machine
+    setup_on: tuple[str | None, ...] = ()  # each setup command's machine; empty: all the first
+
+    def setup_steps(self) -> list[tuple[str | None, str]]:
+        """Each setup command with the machine it runs on (None: the first)."""
+        on = self.setup_on or (None,) * len(self.setup)
+        return list(zip(on, self.setup, strict=True))
 
 
 HINTS_HEADING = "Hints:"
@@ -361,7 +380,7 @@ def _probe_kind_error(data: dict[str, Any], where: str,
                 continue
             kinds = [k for k in probe if k in PROBE_KINDS]
             unknown = [k for k in probe if k not in PROBE_KINDS
-                       and k not in ("name", "within", "weight")]
+                       and k not in ("name", "within", "weight", "machine")]
             path = (section, i)
             if unknown:
                 return InvalidInput(f"unknown probe kind or key {unknown[0]!r} (kinds: "
@@ -420,7 +439,7 @@ def _probes(items: list[dict[str, Any]]) -> tuple[Probe, ...]:
         within = item.get("within")
         out.append(Probe(condition=condition, name=item.get("name") or condition.describe(),
                          within=float(within) if within is not None else None,
-                         weight=float(item.get("weight", 1.0))))
+                         weight=float(item.get("weight", 1.0)), machine=item.get("machine")))
     return tuple(out)
 
 
@@ -499,10 +518,61 @@ def _check_values(value: Any, where: str, lines: dict[tuple[Any, ...], int],
 
 
 def _check_image(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
-    if find_recipe(data["image"]) is None:
-        looked = ", ".join(str(d) for d in image_dirs())
-        raise InvalidInput(f"no image recipe {data['image']!r} (no {data['image']}.yaml in {looked})",
-                           path=where, line=_line_for(lines, ("image",)), field="image")
+    found: list[tuple[tuple[Any, ...], str]] = []
+    if "image" in data:
+        found.append((("image",), data["image"]))
+    found += [(("machines", i, "image"), m["image"]) for i, m in enumerate(data.get("machines") or ())]
+    for path, image in found:
+        if find_recipe(image) is None:
+            looked = ", ".join(str(d) for d in image_dirs())
+            raise InvalidInput(f"no image recipe {image!r} (no {image}.yaml in {looked})",
+                               path=where, line=_line_for(lines, path), field=_dotted(path))
+
+
+def _check_machines(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int]) -> None:
+    """``image`` or ``machines`` (not both); unique names; every ``machine:`` names one of them.
+
+    The schema says each field's shape; what needs the whole spec is here,
+    each problem one line naming the field.
+    """
+    def bad(why: str, path: tuple[Any, ...]) -> InvalidInput:
+        return InvalidInput(why, path=where, line=_line_for(lines, path), field=_dotted(path) or None)
+
+    machines = data.get("machines")
+    if machines is None:
+        if "image" not in data:
+            raise bad("give the image the scenario runs on (image:) or its machines (machines:)", ())
+        for key in ("access", "agent_machine"):
+            if key in data:
+                raise bad(f"{key} needs machines: (a scenario of one machine has no other to reach)",
+                          (key,))
+    else:
+        if "image" in data:
+            raise bad("give image: or machines:, not both (each machine names its own image)",
+                      ("image",))
+        if "access" not in data:
+            raise bad("a scenario with machines says how the agent's shell reaches the others: "
+                      "access: ssh or access: network", ("machines",))
+    names: list[str] = []
+    for i, m in enumerate(machines or ()):
+        if m["name"] in names:
+            raise bad(f"machine name {m['name']!r} is used twice", ("machines", i, "name"))
+        names.append(m["name"])
+    refs: list[tuple[tuple[Any, ...], Any]] = []
+    if "agent_machine" in data:
+        refs.append((("agent_machine",), data["agent_machine"]))
+    for i, step in enumerate(data.get("setup") or ()):
+        if isinstance(step, dict):
+            refs.append((("setup", i, "machine"), step.get("machine")))
+    for section in ("probes", "invariants"):
+        for i, probe in enumerate(data.get(section) or ()):
+            if "machine" in probe:
+                refs.append(((section, i, "machine"), probe["machine"]))
+    for path, name in refs:
+        if machines is None:
+            raise bad("machine: needs machines: (this scenario has one machine)", path)
+        if name not in names:
+            raise bad(f"no machine {name!r} (machines: {', '.join(names)})", path)
 
 
 def scenario_from_text(text: str, where: str) -> Scenario:
@@ -511,14 +581,20 @@ def scenario_from_text(text: str, where: str) -> Scenario:
     validate_document(data, lines, where)
     _check_regexes(data, where, lines)
     _check_urls(data, where, lines)
+    _check_machines(data, where, lines)
     _check_image(data, where, lines)
     _check_shortcut_names(data, where, lines)
     budget = Budget(**(data.get("budget") or {}))
+    machines = tuple(Machine(name=m["name"], image=m["image"], index=i)
+                     for i, m in enumerate(data.get("machines") or ()))
+    steps = [(s.get("machine"), s["run"]) if isinstance(s, dict) else (None, s)
+             for s in data["setup"]]
     return Scenario(
-        id=data["id"], title=data["title"], image=data["image"], task=data["task"],
+        id=data["id"], title=data["title"], task=data["task"],
+        image=machines[0].image if machines else data["image"],
         description=data.get("description"), tags=tuple(data.get("tags") or ()),
         difficulty=data.get("difficulty"), system_prompt=data.get("system_prompt"),
-        budget=budget, setup=tuple(data["setup"]), probes=_probes(data["probes"]),
+        budget=budget, setup=tuple(c for _m, c in steps), probes=_probes(data["probes"]),
         invariants=_probes(data.get("invariants") or []), solution=tuple(data["solution"]),
         forbidden=tuple(data.get("forbidden") or ()), path=where,
         spec_hash=hashlib.sha256(text.encode()).hexdigest(),
@@ -532,6 +608,9 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         recheck_after=(float(data["recheck_after"]) if data.get("recheck_after") is not None
                        else None),
         reboot=bool(data.get("reboot", False)),
+        machines=machines, access=Access(data["access"]) if "access" in data else None,
+        agent_machine=data.get("agent_machine"),
+        setup_on=tuple(m for m, _c in steps) if any(m for m, _c in steps) else (),
     )
 
 
@@ -633,7 +712,7 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     the cassette records like any agent's.
     """
     out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=(), milestones=(),
-                                                 shortcuts=()))
+                                                 shortcuts=(), machines=()))
     out["probes"] = [p.to_dict() for p in s.probes]
     out["invariants"] = [p.to_dict() for p in s.invariants]
     del out["milestones"], out["shortcuts"]  # a shortcut's run records its own commands
@@ -646,7 +725,44 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         del out["recheck_after"]
     if not s.reboot:
         del out["reboot"]
+    # Machines, likewise: a scenario of one machine records the header it always did.
+    del out["machines"], out["access"], out["agent_machine"], out["setup_on"]
+    if s.machines:
+        out["machines"] = [{"name": m.name, "image": m.image} for m in s.machines]
+        out["access"] = s.access.value if s.access else None
+        if s.agent_machine is not None:
+            out["agent_machine"] = s.agent_machine
+        if s.setup_on:
+            out["setup_on"] = list(s.setup_on)
     return out
+
+
+def _machines_from_dict(fields: dict[str, Any]) -> None:
+    """The header's machines back as :class:`Machine` (in place); TypeError if damaged."""
+    machines = fields.get("machines") or []
+    if not isinstance(machines, list) or len(machines) > MAX_MACHINES:
+        raise TypeError(f"machines must be a list of at most {MAX_MACHINES}")
+    built = []
+    for i, m in enumerate(machines):
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) \
+                or not isinstance(m.get("image"), str) or set(m) - {"name", "image"}:
+            raise TypeError("a machine must be a mapping of name and image (strings)")
+        built.append(Machine(name=m["name"], image=m["image"], index=i))
+    fields["machines"] = tuple(built)
+    names = {m.name for m in built}
+    access = fields.get("access")
+    try:
+        fields["access"] = Access(access) if access is not None else None
+    except ValueError:
+        raise TypeError(f"access must be ssh or network, not {access!r}") from None
+    agent = fields.get("agent_machine")
+    setup_on = tuple(fields.get("setup_on") or ())
+    if len(setup_on) not in (0, len(fields["setup"])):
+        raise TypeError("setup_on must name one machine per setup command")
+    for name in (agent, *setup_on, *(p.machine for p in (*fields["probes"], *fields["invariants"]))):
+        if name is not None and name not in names:
+            raise TypeError(f"no machine {name!r} in the header's machines")
+    fields["setup_on"] = setup_on
 
 
 def scenario_from_dict(d: dict[str, Any]) -> Scenario:
@@ -667,6 +783,7 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         fields["recheck_after"] = None if recheck is None else float(recheck)
         if not isinstance(fields.get("reboot", False), bool):
             raise TypeError(f"reboot must be true or false, not {fields['reboot']!r}")
+        _machines_from_dict(fields)
         return Scenario(**fields)
     except (KeyError, TypeError) as exc:
         raise InvalidInput(f"the cassette's scenario is unreadable: {exc}",

@@ -62,6 +62,7 @@ class Command:
     ran: bool = True  # False: the cassette ends before the command's result
     unsafe: bool = False
     times_run: int = 1  # how often this exact command has run so far in the episode
+    machine: str = ""  # the machine it ran on, in a multi-machine run ("" in a single-machine one)
 
     @property
     def long(self) -> bool:
@@ -109,6 +110,7 @@ class SetupStep:
     exit_code: int | None
     duration: float | None
     output: str
+    machine: str = ""  # the machine it ran on, in a multi-machine run
 
 
 @dataclass
@@ -129,6 +131,10 @@ class Trajectory:
     # its file name; never a local absolute path.
     shown: str = ""
     decisions: DecisionsFrom = DecisionsFrom.RECORDED
+    # A multi-machine run's machines in order (the first is where an exchange naming none ran)
+    # and the agent's; empty in a single-machine run, whose page shows no machine at all.
+    machines: list[str] = field(default_factory=list)
+    agent_machine: str = ""
 
     @property
     def protocol(self) -> str:
@@ -234,6 +240,9 @@ def load_trajectory(path: Path | str) -> Trajectory:
         traj.decisions = DecisionsFrom.REPARSED
         reparse = _Reparse(PROTOCOLS.get(cas.head.protocol.name), unsafe)
     setup = [c for c in as_list(scenario.get("setup")) if isinstance(c, str)]
+    traj.machines = [text(as_dict(m).get("name")) for m in as_list(scenario.get("machines"))]
+    if traj.machines:
+        traj.agent_machine = text(scenario.get("agent_machine")) or traj.machines[0]
     runs: Counter[str] = Counter()  # only for an exec no decision foretold
     turn: Turn | None = None
     pending: list[Command] = []  # commands of the current turn still waiting for their result
@@ -270,12 +279,14 @@ def load_trajectory(path: Path | str) -> Trajectory:
             op = event.get("op")
             given = as_dict(event.get("input"))
             next_setup = setup[len(traj.setup)] if len(traj.setup) < len(setup) else None
+            machine = (text(event.get("machine")) or traj.machines[0]) if traj.machines else ""
             if turn is None and op in ("clean", "probe") and given.get("command") == next_setup:
                 result = as_dict(event.get("result"))
                 code = num(result.get("exit_code"))
                 traj.setup.append(SetupStep(text(given.get("command")),
                                             int(code) if code is not None else None,
-                                            num(result.get("duration")), text(result.get("output"))))
+                                            num(result.get("duration")), text(result.get("output")),
+                                            machine))
             elif op == "exec" and turn is not None:
                 cmd = pending.pop(0) if pending else None
                 if cmd is None:  # a command no decision foretold: show it all the same
@@ -284,6 +295,7 @@ def load_trajectory(path: Path | str) -> Trajectory:
                     cmd = Command(command=text(given.get("command")), times_run=runs[key])
                     turn.commands.append(cmd)
                 cmd.ran = True
+                cmd.machine = machine
                 _result(cmd, event)
     traj.system_prompt, traj.system_prompt_note = _system_prompt(cas.head, first_request)
     return traj
