@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from flag_guest import FlagGuest
 
+from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.machines import Access, Machine, hosts_block, network_commands
 from runner.core.spec import load_spec, scenario_from_dict, scenario_to_dict
@@ -91,8 +94,8 @@ def test_a_single_machine_header_has_none_of_the_new_keys(tmp_path: Path) -> Non
     (lambda t: t.replace("  - machine: db\n    run: systemctl stop postgresql\n",
                          "  - machine: db\n"), "setup[1]", "'run' is a required property"),
 ])
-def test_bad_machines_are_one_line_naming_the_field(tmp_path: Path, edit, field: str,
-                                                    says: str) -> None:
+def test_bad_machines_are_one_line_naming_the_field(tmp_path: Path, edit: Callable[[str], str],
+                                                    field: str, says: str) -> None:
     with pytest.raises(InvalidInput) as err:
         load_spec(_write(tmp_path, edit(TWO)))
     text = str(err.value)
@@ -128,7 +131,7 @@ def test_machine_references_need_machines(tmp_path: Path) -> None:
     {"agent_machine": "nowhere"},
     {"setup_on": ["db"]},
 ])
-def test_a_damaged_multi_machine_header_is_invalid_input(tmp_path: Path, damage: dict) -> None:
+def test_a_damaged_multi_machine_header_is_invalid_input(tmp_path: Path, damage: dict[str, object]) -> None:
     d = {**scenario_to_dict(load_spec(_write(tmp_path, TWO))), **damage}
     with pytest.raises(InvalidInput, match="the cassette's scenario is unreadable"):
         scenario_from_dict(d)
@@ -211,9 +214,7 @@ FLAGS = textwrap.dedent("""\
 """)
 
 
-def _record_two(tmp_path: Path, text: str = FLAGS):
-    from flag_guest import FlagGuest
-
+def _record_two(tmp_path: Path, text: str = FLAGS) -> tuple[Episode, Path, FlagGuest, FlagGuest]:
     from runner.app.episodes import RunOptions, header
     from runner.core.cassette import CassetteWriter
     from runner.core.clock import Clock

@@ -76,6 +76,7 @@ def test_two_machines_reach_each_other_by_name_and_nothing_else(host_server: int
         qemus = [b.pid for b in fleet.boxes.values()]
     assert all(p is not None for p in qemus)
     for pid in qemus:  # every QEMU ended with the fleet
+        assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
