@@ -45,3 +45,20 @@ def test_the_pg_scenarios_pin_the_client_the_image_installs() -> None:
         assert pins, f"{spec.id} does not pin the application's client"
         text = (ROOT / "specs" / f"{spec.id}.yaml").read_text()
         assert digest in text, f"{spec.id} pins another app-check than the image installs"
+
+
+def test_the_tls_scenarios_pin_what_the_image_installs() -> None:
+    """The tls-* invariants pin the health check client and the backend by sha256, and the CA
+    by the public key of the fixed key in the recipe: an edit of any of them in the recipe must
+    come with the new value in every spec, or each baseline check fails on a real VM."""
+    client = hashlib.sha256(_file_written_by("debian-12-tls", "/usr/local/bin/site-check")).hexdigest()
+    backend = hashlib.sha256(_file_written_by("debian-12-tls", "/opt/shop/app.py")).hexdigest()
+    recipe_text = load_recipe("debian-12-tls").path.read_text()
+    pin = re.search(r"SubjectPublicKeyInfo \(DER\) is\n#\s+([0-9a-f]{64})\.", recipe_text)
+    assert pin and recipe_text.count(pin.group(1)) == 2, "the recipe's CA pin (comment and check) disagree"
+    tls = [s for s in load_specs([ROOT / "specs"]) if s.image == "debian-12-tls"]
+    assert len(tls) >= 3
+    for spec in tls:
+        text = (ROOT / "specs" / f"{spec.id}.yaml").read_text()
+        for what, digest in (("site-check", client), ("the backend", backend), ("the CA", pin.group(1))):
+            assert digest in text, f"{spec.id} does not pin {what} the image installs"
