@@ -37,13 +37,14 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     scenarios waiting for cron or a timer). A live noop and shortcut run is
     tested below and in test_verify_names_a_passing_shortcut.
 
-    The pg-* scenarios run on a second image: on a fresh cache this test also builds
-    debian-12-postgres (~90 s) and its golden snapshot (~40 s), and their four oracle
-    runs each reboot the guest (~1-2 min more each under TCG).
+    Scenarios run on three images and some on two machines: on a fresh cache this test also
+    builds debian-12-postgres and debian-12-tls (~1-2 min each), their golden snapshots
+    (~40 s each) and the two-machine snapshot variants; oracle runs with a reboot re-check
+    take ~1-2 min more each under TCG.
     """
     # Three at once on two cores: much of a verify is waiting (cron's next minute, a timer, a
-    # pause), which a third slot fills; 43 scenarios took 1093 s so on the development machine,
-    # all valid, and verify starts the slowest (by their recorded oracle time) first.
+    # pause), which a third slot fills; verify starts the slowest (by their recorded oracle
+    # time) first. 65 scenarios took 1100 s so on the shared development machine, all valid.
     r = _verify("--record-to", str(tmp_path), "--shortcuts", "recorded", "--noop", "recorded",
                 jobs=3)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
