@@ -3,45 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
-import threading
-from collections.abc import Iterator
 
 import pytest
 
 from runner.backends.sandbox import Sandbox
 
 pytestmark = pytest.mark.vm
-
-
-@pytest.fixture
-def host_server() -> Iterator[tuple[int, list[bytes]]]:
-    """A TCP server of the test's own on the host's loopback; records anything that connects."""
-    seen: list[bytes] = []
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(5)
-    srv.settimeout(0.5)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                seen.append(conn.recv(100) or b"connected")
-                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhost secret\n")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], seen
-    stop.set()
-    t.join(timeout=5)
-    srv.close()
 
 
 def test_guest_cannot_reach_the_host_loopback(host_server: tuple[int, list[bytes]]) -> None:

@@ -4,9 +4,6 @@ else, and two fleets side by side never see each other's machines."""
 from __future__ import annotations
 
 import os
-import socket
-import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,35 +15,9 @@ pytestmark = pytest.mark.vm
 PAIR = (Machine("web", "debian-12-nginx", 0), Machine("db", "debian-12-postgres", 1))
 
 
-@pytest.fixture
-def host_server() -> Iterator[int]:
-    """A TCP server of the test's own on the host's loopback, which no guest may reach."""
-    seen: list[bytes] = []
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(5)
-    srv.settimeout(0.5)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                seen.append(b"connected")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join(timeout=5)
-    srv.close()
-    assert seen == []
-
-
-def test_two_machines_reach_each_other_by_name_and_nothing_else(host_server: int) -> None:
+def test_two_machines_reach_each_other_by_name_and_nothing_else(
+        host_server: tuple[int, list[bytes]]) -> None:
+    port, seen = host_server
     with Fleet(PAIR) as fleet:
         assert {b.info.restore for b in fleet.boxes.values()} <= {"template", "full-state"}
         guests = Machines(fleet.guests())
@@ -66,14 +37,15 @@ def test_two_machines_reach_each_other_by_name_and_nothing_else(host_server: int
         # nothing beyond the two: no other address on the private network, not the host
         r = web.exec("curl -sS -m 3 http://10.77.0.1/; echo rc=$?", 30)
         assert "rc=0" not in r.output
-        r = web.exec(f"nc -z -w 3 10.0.2.2 {host_server}; echo rc=$?", 30)
+        r = web.exec(f"nc -z -w 3 10.0.2.2 {port}; echo rc=$?", 30)
         assert "rc=0" not in r.output
-        r = db.run_clean(f"nc -z -w 3 10.0.2.2 {host_server}; echo rc=$?", 30)
+        r = db.run_clean(f"nc -z -w 3 10.0.2.2 {port}; echo rc=$?", 30)
         assert "rc=0" not in r.output
         r = web.exec("ip route get 1.1.1.1 || echo unroutable", 30)
         assert "10.77.0." not in r.output  # the private network is no way out
         assert web.alive() and db.alive()
         qemus = [b.pid for b in fleet.boxes.values()]
+    assert seen == []  # no guest connected to the host's loopback
     assert all(p is not None for p in qemus)
     for pid in qemus:  # every QEMU ended with the fleet
         assert pid is not None
