@@ -21,9 +21,22 @@ from runner.core.errors import InfraError
 
 def free_port() -> int:
     """A TCP port on the loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on the loopback that were free a moment ago.
+
+    Their sockets are held open together while the ports are chosen: two calls
+    of :func:`free_port` in a row may get the same port back (QEMU then refused
+    to forward two guest ports from one host port, seen once in the VM tests).
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                 for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def die_with_parent() -> None:

@@ -33,7 +33,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from runner.backends.cachedir import cache_dir
 from runner.backends.images import BuiltImage
 from runner.backends.lan import LanPort
-from runner.backends.process import die_with_parent, end_process, free_port
+from runner.backends.process import die_with_parent, end_process, free_ports
 from runner.core.errors import VMError
 from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.waiting import wait_until
@@ -191,7 +191,7 @@ class Qemu:
         os.chmod(self.sock_dir, 0o700)
         self.qmp_path = self.sock_dir / "qmp.sock"
         self.console_path = self.sock_dir / "console.sock"
-        self.forwards = {guest: free_port() for guest in FORWARDED_PORTS}
+        self.forwards = dict(zip(FORWARDED_PORTS, free_ports(len(FORWARDED_PORTS)), strict=True))
         self.log_path = workdir / "qemu.log"
         cmd = [qemu_binary(), *qemu_args(image, disk, accel, ram, self.console_path, self.qmp_path,
                                          self.forwards, self.lan)]

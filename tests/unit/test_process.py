@@ -190,3 +190,11 @@ def test_a_llama_server_that_never_gets_healthy_is_stopped(tmp_path: Path,
         server.start()
     assert time.monotonic() - t0 < 6
     assert server.proc is not None and server.proc.poll() is not None  # stopped, not left running
+
+
+def test_free_ports_are_distinct() -> None:
+    """QEMU forwards each guest port from its own host port: two forwards on one port fail."""
+    from runner.backends.process import free_ports
+    for _ in range(20):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3 and all(1 <= p <= 65535 for p in ports)
