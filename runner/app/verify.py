@@ -127,8 +127,17 @@ def merge(tries: list[Verification]) -> Verification:
     return merged
 
 
-def _broken_invariants(ep: Episode) -> list[str]:
-    return [p["name"] for p in ep.invariants if p["outcome"] != ProbeOutcome.PASS]
+def _broken_invariants(invariants: list[dict[str, Any]]) -> list[str]:
+    """The names of the invariants that did not pass, from an episode's results or a recorded
+    verdict line's (both list each as a dict with ``name`` and ``outcome``)."""
+    return [p["name"] for p in invariants if p["outcome"] != ProbeOutcome.PASS]
+
+
+def _infrastructure(ep: Episode, v: Verification, t0: float) -> Verification:
+    """``v`` ended by an infra-error: the machine's fault, not the scenario's."""
+    v.problems.append(f"infrastructure: {ep.reason}")
+    v.seconds = round(time.monotonic() - t0, 1)
+    return v
 
 
 def _baseline(ep: Episode, v: Verification) -> None:
@@ -195,12 +204,10 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
         ep = run_one(scenario, noop(), tools, why, opts, noop_at)
         v.noop_cassette = str(noop_at)
         if ep.verdict is Verdict.INFRA_ERROR:
-            v.problems.append(f"infrastructure: {ep.reason}")
-            v.seconds = round(time.monotonic() - t0, 1)
-            return v
+            return _infrastructure(ep, v, t0)
         _baseline(ep, v)
         _fault(ep, v)
-        _noop_fails(ep.verdict, ep.reason, _broken_invariants(ep), v)
+        _noop_fails(ep.verdict, ep.reason, _broken_invariants(ep.invariants), v)
 
     log.info("%s: oracle agent (the solution)", scenario.id)
     target = (record_to or run_dir) / layout.oracle_cassette_name(scenario.id)
@@ -208,16 +215,14 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
     v.cassette = str(target)
     if noop_from is not None:
         if ep.verdict is Verdict.INFRA_ERROR and not ep.precheck:
-            v.problems.append(f"infrastructure: {ep.reason}")
-            v.seconds = round(time.monotonic() - t0, 1)
-            return v
+            return _infrastructure(ep, v, t0)
         _baseline(ep, v)
         _fault(ep, v)
         recorded_noop(scenario, noop_from, v)
     ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
     v.checks["oracle passes"] = ok
     if not ok:
-        broken = _broken_invariants(ep)
+        broken = _broken_invariants(ep.invariants)
         detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict is Verdict.PASS else ep.reason
         v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
     v.seconds = round(time.monotonic() - t0, 1)
@@ -244,10 +249,8 @@ def recorded_noop(scenario: Scenario, recorded: Path, v: Verification) -> None:
         v.checks["noop fails"] = None
         v.problems.append(f"noop fails: not proven: {why}")
         return
-    flags = verdict.get("flags") or []
-    tripped = [Flag.COLLATERAL.value] if Flag.COLLATERAL.value in flags else []
     _noop_fails(str(verdict.get("verdict")), one_line(str(verdict.get("reason", "")), 300),
-                tripped, v)
+                _broken_invariants(verdict.get("invariants") or []), v)
 
 
 def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | None, str]:

@@ -17,8 +17,8 @@ ladder's level-0 transcript under every hinted verdict). A run directory::
 
 ``verify`` names its oracle cassettes ``<scenario>.jsonl`` (round 0, level 0),
 its noop runs ``<scenario>.noop.jsonl`` in its run directory or, recorded,
-``noop/<scenario>.jsonl``, and a shortcut's ``shortcuts/<scenario>/<slug>.jsonl``. :func:`parse_cassette_name` reads all
-of these back. Names only: nothing here touches the disk.
+``noop/<scenario>.jsonl``, and a shortcut's ``shortcuts/<scenario>/<slug>.jsonl``.
+:func:`parse_cassette_name` reads all of these back. Names only: nothing here touches the disk.
 """
 
 from __future__ import annotations
