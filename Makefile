@@ -33,7 +33,7 @@ setup:
 
 ## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" --durations=25 $(ARGS)
 
 ## test-fast: tests/unit, what needs neither a VM nor a model (nor a browser or a wheel build)
 test-fast: setup
