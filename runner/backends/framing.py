@@ -19,7 +19,7 @@ import time
 from importlib import resources
 from typing import Protocol
 
-import requests
+import urllib3
 
 from runner.core.errors import GuestDown, VMError
 from runner.core.guest import CommandResult, HttpResult, RebootResult
@@ -117,6 +117,23 @@ def output_cap(output_limit: int | None) -> int:
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
 CLEAN_SHUTDOWN = 120.0  # seconds a guest gets to shut down by itself before it is reset
 # New on every boot: proof that one happened; read by the shell's builtin, not a guest binary.
+HTTP_BODY_LIMIT = 1 << 20  # bytes of a host-side HTTP answer's body kept; a guest's endless body is cut
+_HTTP = urllib3.PoolManager(num_pools=4, maxsize=4)
+
+
+def _http_error_name(exc: BaseException) -> str:
+    """The name a failed host-side request records, the same as before urllib3 was used directly
+    (requests' names), so old and new cassettes say one thing for one failure."""
+    if isinstance(exc, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ProtocolError,
+                        urllib3.exceptions.MaxRetryError, ConnectionError)):
+        return "ConnectionError"  # first: urllib3's NewConnectionError is a ConnectTimeoutError
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        return "ConnectTimeout"
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "ReadTimeout"
+    return type(exc).__name__
+
+
 BOOT_ID = 'read -r id < /proc/sys/kernel/random/boot_id && echo "$id"'
 
 
@@ -251,14 +268,18 @@ class FramedGuest:
         host_port = self.forwards.get(guest_port)
         if host_port is None:
             return HttpResult(None, "", error=f"guest port {guest_port} is not forwarded")
+        # urllib3 rather than requests: requests reads a redirect's whole body to release the
+        # connection (so the capped read below found it empty), and without a cap.
         t0 = time.monotonic()
         try:
-            with requests.get(f"http://127.0.0.1:{host_port}{path}", timeout=(timeout, timeout),
-                               allow_redirects=False, stream=True) as r:
-                body = r.raw.read(1 << 20, decode_content=True) or b""
-                return HttpResult(r.status_code, body.decode("utf-8", errors="replace"),
-                                  duration=time.monotonic() - t0)
-        except (requests.RequestException, OSError) as exc:
-            return HttpResult(None, "", error=type(exc).__name__, duration=time.monotonic() - t0)
+            r = _HTTP.request("GET", f"http://127.0.0.1:{host_port}{path}", redirect=False, retries=False,
+                              preload_content=False, timeout=urllib3.Timeout(connect=timeout, read=timeout))
+            try:
+                body = r.read(HTTP_BODY_LIMIT, decode_content=True) or b""
+            finally:
+                r.release_conn()
+            return HttpResult(r.status, body.decode("utf-8", errors="replace"), duration=time.monotonic() - t0)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return HttpResult(None, "", error=_http_error_name(exc), duration=time.monotonic() - t0)
 
 

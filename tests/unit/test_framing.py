@@ -10,9 +10,12 @@ again on real VMs by the conformance suite.
 from __future__ import annotations
 
 import base64
+import http.server
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 
 from runner.backends.framing import (
     B64_CHUNK,
+    FramedGuest,
     helper_command,
     helper_source,
     parse_frame,
@@ -224,3 +228,44 @@ def test_an_interrupt_abandons_the_command_in_hand(tmp_path: Path) -> None:
         assert h.run("echo alive").output == "alive\n"
     finally:
         h.close()
+
+
+def _serve_once(status: int, body: bytes, headers: dict[str, str]) -> tuple[int, threading.Thread]:
+    """A real HTTP server on loopback answering one GET."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    def answer_once() -> None:
+        with server:
+            server.handle_request()
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    return server.server_address[1], thread
+
+
+@pytest.mark.parametrize("status", [200, 301, 302, 404])
+def test_a_host_side_request_keeps_the_body_of_every_answer_redirects_too(status: int) -> None:
+    port, thread = _serve_once(status, b"moved to https://shop.internal/", {"Location": "https://x/"})
+    result = FramedGuest({80: port}).host_http(80, "/", 5)
+    thread.join(5)
+    assert (result.status, result.body, result.error) == (status, "moved to https://shop.internal/", None)
+
+
+def test_a_host_side_request_to_nothing_says_connection_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: refused
+        result = FramedGuest({80: port}).host_http(80, "/", 5)
+    assert (result.status, result.error) == (None, "ConnectionError")
+    assert FramedGuest({}).host_http(8080, "/", 5).error == "guest port 8080 is not forwarded"
