@@ -48,14 +48,13 @@ from runner.app.executors import (
     auto_jobs,
     make_local,
 )
-from runner.app.outputs import check_file_target
+from runner.app.outputs import check_dir_target, check_file_target
 from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
-    check_writable_dir,
     is_recordings,
     load_episodes,
     load_results,
@@ -554,12 +553,12 @@ def _preflight(args: argparse.Namespace, choices: list[AgentChoice], scenarios: 
     VM restored, no model asked until every path it writes is writable, a resume matches its
     run, every recording ``--record-mode none`` needs is there, and the endpoint answers."""
     if resume is not None:
-        check_writable_dir(resume, "--resume")
+        check_dir_target(resume, "--resume")
     else:
-        check_writable_dir(Path(args.runs_dir), "--runs-dir")
+        check_dir_target(Path(args.runs_dir), "--runs-dir")
     record_to = Path(args.record_to) if args.record_to else None
     if record_to is not None:
-        check_writable_dir(record_to, "--record-to")
+        check_dir_target(record_to, "--record-to")
     check_bench(scenarios, arms, opts, resume=resume, record_to=record_to,
                 record_mode=RecordMode(args.record_mode))
     if args.record_mode != RecordMode.NONE.value:  # none replays only: no server is asked

@@ -88,7 +88,7 @@ def check_dir_target(path: Path, flag: str) -> Path:
         raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(path),
                            field=flag) from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a directory", path=str(path),
+        raise InvalidInput(f"exists and is {_kind(st.st_mode)}, not a directory", path=str(path),
                            field=flag)
     _probe_folder(path, flag, path)
     return path

@@ -68,28 +68,6 @@ def new_run_dir(base: Path, label: str) -> Path:
     return path
 
 
-def check_writable_dir(path: Path, flag: str) -> None:
-    """Refuse, before any work, a directory the command would write to but cannot.
-
-    ``path`` need not exist yet: then its nearest existing ancestor must be
-    a directory it can be made in. Tried for real (a temporary file made and
-    removed), since permission bits say nothing to root or of a read-only
-    mount. One line naming the flag, :class:`InvalidInput`.
-    """
-    path = Path(path)
-    where = path
-    try:
-        while not where.exists() and where != where.parent:
-            where = where.parent
-        if not where.is_dir():
-            what = "is not a directory" if where == path else f"is under {where}, not a directory"
-            raise InvalidInput(f"{path} {what}", field=flag)
-        with tempfile.TemporaryFile(dir=where, prefix=".rootbench-write-check-"):
-            pass
-    except OSError as exc:
-        raise InvalidInput(f"cannot write in {where}: {exc.strerror or exc}", field=flag) from None
-
-
 def _umask() -> int:
     """The process's umask, read without changing it (Linux says it in /proc), else set back."""
     try:
