@@ -5,18 +5,19 @@ every error, and has no ``suggest_on_error`` (3.14): a mistyped command or
 flag is answered with a usage that does not say what was meant. This small
 subclass keeps argparse (parsing, help, types) and changes only what is
 said: the error is one line, ``PROG: error: MESSAGE``, exit 2, with the
-nearest command, flag or choice offered (:func:`difflib.get_close_matches`)
+nearest command, flag or choice offered (:func:`runner.core.selection.nearest`)
 and where the full usage is (``PROG --help``).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from runner.core.selection import nearest
 
 _FLAG_OWNER = "_rootbench_flag_owner"  # namespace attribute: the (sub)parser left with extras
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
@@ -98,8 +99,7 @@ class Parser(argparse.ArgumentParser):
             return _UNRECOGNIZED + " ".join(words)
         found = _CHOICE.search(message)
         if found:
-            near = difflib.get_close_matches(found.group(1), re.findall(r"'([^']*)'",
-                                                                        found.group(2)), n=2)
+            near = nearest(found.group(1), re.findall(r"'([^']*)'", found.group(2)), n=2)
             return message + (f"; did you mean {' or '.join(map(repr, near))}?" if near else "")
         return message
 
@@ -113,4 +113,4 @@ class Parser(argparse.ArgumentParser):
 
 def _near_flags(word: str, flags: list[str]) -> list[str]:
     """The known flags nearest a mistyped one (its ``=value`` left out)."""
-    return difflib.get_close_matches(word.split("=", 1)[0], flags, n=2, cutoff=0.6)
+    return nearest(word.split("=", 1)[0], flags, n=2)

@@ -45,9 +45,15 @@ class Selection:
         return bool(self.only or self.tags or self.limit is not None)
 
 
+def nearest(word: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known words nearest a mistyped one, best first (the one measure of "near" for ids,
+    commands, flags and choices alike)."""
+    return difflib.get_close_matches(word, list(known), n=n, cutoff=0.6)
+
+
 def suggest(word: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the nearest known word, or nothing if none is near."""
-    near = difflib.get_close_matches(word, list(known), n=3, cutoff=0.6)
+    near = nearest(word, known)
     if not near:
         return ""
     return " (did you mean " + " or ".join(repr(n) for n in near) + "?)"
