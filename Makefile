@@ -12,6 +12,8 @@ RB     := $(PY) -m runner
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client \
                 python3-venv g++ cmake ninja-build chromium chromium-driver
 ARGS ?=
+# two: a VM test mostly waits on one guest vCPU, so a second worker fills the other core
+TEST_WORKERS ?= 2
 
 .PHONY: setup test test-fast bench replay verify perf reliability lint image doctor clean
 
@@ -31,9 +33,10 @@ setup:
 	fi
 	@$(MAKE) --no-print-directory $(STAMP)
 
-## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests
+## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests,
+## on TEST_WORKERS pytest workers (the long tests first, the rest filled around them)
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" --durations=25 $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" -n $(TEST_WORKERS) --dist worksteal --durations=25 $(ARGS)
 
 ## test-fast: tests/unit, what needs neither a VM nor a model (nor a browser or a wheel build)
 test-fast: setup

@@ -283,7 +283,17 @@ _HEAVY = {"vm", "model", "browser", "wheel", "soak"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test by its folder; a test under ``unit/`` marked as needing more is an error."""
+    """Mark each test by its folder; a test under ``unit/`` marked as needing more is an error.
+
+    Tests marked ``long(minutes=N)`` are moved to the front, longest first: ``make test`` runs
+    on two workers (pytest-xdist, ``--dist worksteal``), and a long test started first is filled
+    around by the other worker, where one started last would run alone at the end.
+    """
+    def minutes(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return float(mark.kwargs.get("minutes", 1)) if mark else 0.0
+
+    items.sort(key=minutes, reverse=True)  # stable: the rest stay as found
     here = Path(__file__).parent
     for item in items:
         kind = item.path.relative_to(here).parts[0] if item.path.is_relative_to(here) else ""

@@ -153,11 +153,12 @@ def test_a_reading_after_the_episode_ended_is_blamed_on_its_line(
         tmp_path: Path, cli: Cli) -> None:
     events = _events(ORACLE)
     events.insert(-1, {"type": "clock", "t": 999.0})
-    cassette = _write(tmp_path / "c.jsonl", events)
-    code, out, _err = _replay(cli, str(cassette))
-    row = _row(out, cassette)
+    _write(tmp_path / "c.jsonl", events)
+    # Named from its folder: the table cuts a long note, and tmp_path's length varies.
+    code, out, _err = _replay(cli, "c.jsonl", cwd=tmp_path)
+    row = _row(out, Path("c.jsonl"))
     assert code == 2 and row[5] == "unreadable", row
-    assert f"{cassette}:{len(events) - 1}: clock.t: clock reading t=999.0 is later than" in row[6]
+    assert f"c.jsonl:{len(events) - 1}: clock.t: clock reading t=999.0 is later than" in row[6]
 
 
 def test_a_different_verdict_is_different(tmp_path: Path,

@@ -87,6 +87,7 @@ def _episode(tmp_path: Path, spec_text: str, commands: list[str], name: str) -> 
     return ep, cassette
 
 
+@pytest.mark.long(minutes=3)
 def test_a_service_started_but_not_enabled_does_not_survive_a_reboot(tmp_path: Path) -> None:
     ep, cassette = _episode(tmp_path, REBOOT_SPEC, ["systemctl start nginx"], "started")
     assert ep.verdict is Verdict.FAIL, ep.reason

@@ -12,6 +12,7 @@ from runner.core.episode import PHASES
 pytestmark = pytest.mark.vm
 
 
+@pytest.mark.long(minutes=2)
 def test_perf_json_counts_every_round_trip_of_every_sandbox(cli: Cli) -> None:
     r = cli("-q", "perf", "--format", "json", "--no-model", "--no-verify", timeout=1800)
     assert r.returncode == 0, r.stderr

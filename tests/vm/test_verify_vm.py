@@ -25,6 +25,7 @@ def _verify(*args: str, jobs: int = 2, timeout: float = 3600) -> CliResult:
 
 
 @pytest.mark.vm
+@pytest.mark.long(minutes=20)
 def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     """Every scenario's oracle live on a real VM (which also checks its baseline and that its
     fault lands); "noop fails" and the shortcuts from the committed cassettes.
