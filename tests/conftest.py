@@ -52,11 +52,36 @@ def qemu_children(parent: int | None = None) -> set[int]:
 
 
 def snapshot_hashes(snapshot: Path) -> dict[str, tuple[str, int]]:
-    """sha256 and permission bits of each file of a golden snapshot: what "never written" compares."""
+    """sha256 and permission bits of each file of a golden snapshot: what "never written" compares
+    (the frozen overlays of an image's extra disks included)."""
     from runner.backends.cachedir import file_sha256
     from runner.backends.snapshot import FILES
 
-    return {f: (file_sha256(snapshot / f), (snapshot / f).stat().st_mode & 0o777) for f in FILES}
+    files = (*FILES, *sorted(p.name for p in snapshot.glob("frozen-*.qcow2")))
+    return {f: (file_sha256(snapshot / f), (snapshot / f).stat().st_mode & 0o777) for f in files}
+
+
+def assert_base_never_written(image: BuiltImage) -> None:
+    """A restored and a cold-booted sandbox write their disks; the base (root and every extra
+    disk) keeps the sha256 its build recorded and stays read-only."""
+    from runner.backends.images import base_sha256, disk_sha256s
+    from runner.backends.sandbox import Sandbox
+
+    before = base_sha256(image)
+    assert before == image.sha256
+    assert disk_sha256s(image) == {d.name: d.sha256 for d in image.disks}
+    extra = " ".join(f"/dev/vd{chr(ord('b') + i)}" for i in range(len(image.disks)))
+    # Through the file system on the root, and straight onto each extra disk's device.
+    scribble = ("dd if=/dev/urandom of=/var/tmp/junk bs=1M count=20 && "
+                f"for d in {extra}; do dd if=/dev/urandom of=$d bs=1M count=4 seek=8 conv=notrunc; done; sync")
+    with Sandbox(image.name, accel="tcg") as box:
+        assert box.guest.exec(scribble, 60).exit_code == 0
+    with Sandbox(image.name, accel="tcg", snapshot=False) as box:
+        assert box.guest.exec(f"rm -rf /usr/share/doc && {scribble}", 60).exit_code == 0
+    assert base_sha256(image) == before
+    assert disk_sha256s(image) == {d.name: d.sha256 for d in image.disks}
+    for path in (image.base, *(d.base for d in image.disks)):
+        assert not os.access(path, os.W_OK) or os.stat(path).st_mode & 0o222 == 0
 
 
 @pytest.fixture

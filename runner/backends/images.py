@@ -7,6 +7,13 @@ kernel boot. The result lives in ``cache/images/<name>-<key>/``, where the
 key hashes the recipe and this module's build steps, so an edited recipe is
 rebuilt and an unchanged one is reused. The base is read-only; its sha256 is
 recorded so tests can prove no run ever wrote it.
+
+A recipe may declare extra disks (``disks:``): each is an ext4 file system
+made the same way, without root (``mke2fs -d`` fills it from a directory of
+the built root, ``-U`` fixes its UUID so fstab and probes can name it), kept
+read-only beside the root disk as ``disk-<name>.qcow2`` and attached after it,
+in order (the first is ``/dev/vdb``). A recipe without ``disks:`` builds, keys
+and boots exactly as before.
 """
 
 from __future__ import annotations
@@ -42,6 +49,18 @@ GUEST_HOSTNAME = "rootbench"
 
 
 @dataclass(frozen=True)
+class DiskRecipe:
+    """One extra disk as a recipe declares it (``disks:``, see schema/image.schema.json)."""
+
+    name: str
+    size_mib: int
+    uuid: str  # fixed, so the guest's fstab and the probes can name the file system
+    label: str | None = None
+    fs: str = "ext4"
+    populate_from: str | None = None  # a directory of the built root: its contents go on the disk
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     suite: str
@@ -52,6 +71,18 @@ class Recipe:
     memory_mib: int
     path: Path
     key: str  # hash of the recipe text and BUILD_VERSION
+    disks: tuple[DiskRecipe, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExtraDisk:
+    """A built extra disk: a read-only qcow2 beside the root disk, attached after it in order."""
+
+    name: str
+    base: Path  # qcow2, read-only; every VM writes an overlay of its own
+    sha256: str
+    uuid: str
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,10 +97,14 @@ class BuiltImage:
     memory_mib: int
     cmdline: str
     built_at: str
+    disks: tuple[ExtraDisk, ...] = ()  # attached after the root disk, in this order
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "sha256": self.sha256, "dir": str(self.dir),
-                "memory_mib": self.memory_mib, "built_at": self.built_at}
+        out: dict[str, Any] = {"name": self.name, "sha256": self.sha256, "dir": str(self.dir),
+                               "memory_mib": self.memory_mib, "built_at": self.built_at}
+        if self.disks:  # an image without extra disks says exactly what it always said
+            out["disks"] = [{"name": d.name, "sha256": d.sha256, "uuid": d.uuid} for d in self.disks]
+        return out
 
 
 def load_recipe(name: str) -> Recipe:
@@ -85,12 +120,41 @@ def load_recipe(name: str) -> Recipe:
     if data["name"] != name:
         raise InvalidInput(f"name {data['name']!r} does not match the file name", path=str(path),
                            line=lines.get(("name",)), field="name")
+    disks = _disk_recipes(data.get("disks") or [], str(path), lines)
     key = hashlib.sha256(f"{BUILD_VERSION}\n{text}".encode()).hexdigest()[:16]
     return Recipe(name=name, suite=data["suite"], packages=tuple(data["packages"]),
                   commands=tuple(data.get("commands") or ()),
                   kernel_package=data.get("kernel_package", "linux-image-cloud-amd64"),
                   disk_size=data.get("disk_size", "2G"), memory_mib=data.get("memory_mib", 256),
-                  path=path, key=key)
+                  path=path, key=key, disks=disks)
+
+
+def _disk_recipes(items: list[dict[str, Any]], where: str,
+                  lines: dict[tuple[Any, ...], int]) -> tuple[DiskRecipe, ...]:
+    """The schema-valid ``disks:`` entries, checked for what a schema cannot say: two disks
+    with one name (one file), one UUID or one label (``UUID=``/``LABEL=`` would name either),
+    one source directory, or a source that climbs out of the root (``..``)."""
+    seen: dict[str, dict[str, int]] = {"name": {}, "uuid": {}, "label": {}, "populate_from": {}}
+    out = []
+    for i, item in enumerate(items):
+        for key, firsts in seen.items():
+            value = item.get(key)
+            if value is None:
+                continue
+            if value in firsts:
+                raise InvalidInput(f"{value!r} is also disk {firsts[value]}'s (each disk needs its own)",
+                                   path=where, line=lines.get(("disks", i, key)),
+                                   field=f"disks[{i}].{key}")
+            firsts[value] = i
+        source = item.get("populate_from")
+        if source is not None and ".." in source.split("/"):
+            raise InvalidInput("must name a directory inside the image, without '..'", path=where,
+                               line=lines.get(("disks", i, "populate_from")),
+                               field=f"disks[{i}].populate_from")
+        out.append(DiskRecipe(name=item["name"], size_mib=item["size_mib"], uuid=item["uuid"],
+                              label=item.get("label"), fs=item.get("fs", "ext4"),
+                              populate_from=source))
+    return tuple(out)
 
 
 def image_dir(recipe: Recipe) -> Path:
@@ -103,11 +167,13 @@ def _read_built(d: Path) -> BuiltImage | None:
         return None
     try:
         m = json.loads(meta.read_text())
+        disks = tuple(ExtraDisk(name=x["name"], base=d / x["file"], sha256=x["sha256"],
+                                uuid=x["uuid"], label=x.get("label")) for x in m.get("disks", []))
         return BuiltImage(name=m["name"], dir=d, base=d / "base.qcow2", kernel=d / "vmlinuz",
                           initrd=d / "initrd.img", ssh_key=d / "id_ed25519", sha256=m["sha256"],
                           memory_mib=int(m["memory_mib"]), cmdline=m["cmdline"],
-                          built_at=m["built_at"])
-    except (OSError, ValueError, KeyError):
+                          built_at=m["built_at"], disks=disks)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -298,6 +364,8 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
         raise InfraError(f"the image has no kernel/initrd in /boot (is {recipe.kernel_package} right?)")
     shutil.copy2(kernels[-1], work / "vmlinuz")
     shutil.copy2(initrds[-1], work / "initrd.img")
+    # The extra disks first: each takes its source directory's contents off the root.
+    disks = [_build_disk(recipe, i, rootfs, work, mkfs, qemu_img) for i in range(len(recipe.disks))]
     raw = work / "root.raw"
     log.info("making the ext4 root (mkfs.ext4 -d)")
     _run([mkfs, "-q", "-F", "-L", "root", "-d", str(rootfs), str(raw), recipe.disk_size],
@@ -309,9 +377,12 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
     sha = file_sha256(base)
     os.chmod(base, 0o444)
     built_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    meta = {"name": recipe.name, "recipe_key": recipe.key, "sha256": sha,
-            "memory_mib": recipe.memory_mib, "cmdline": KERNEL_CMDLINE, "built_at": built_at,
-            "mirror": mirror, "build_seconds": round(time.monotonic() - t0, 1)}
+    meta: dict[str, Any] = {"name": recipe.name, "recipe_key": recipe.key, "sha256": sha,
+                            "memory_mib": recipe.memory_mib, "cmdline": KERNEL_CMDLINE,
+                            "built_at": built_at, "mirror": mirror,
+                            "build_seconds": round(time.monotonic() - t0, 1)}
+    if disks:
+        meta["disks"] = disks
     (work / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(d, ignore_errors=True)
     work.rename(d)
@@ -321,6 +392,42 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
     return built
 
 
+def _build_disk(recipe: Recipe, i: int, rootfs: Path, work: Path, mkfs: str,
+                qemu_img: str) -> dict[str, Any]:
+    """Extra disk ``i`` of ``recipe`` made in ``work``: ext4 by ``mke2fs -d`` (no root, no
+    loop mount), its UUID and label fixed, filled from its source directory, which is then
+    emptied on the root (it stays as the mount point, its owner and mode kept). Read-only;
+    returns its entry for image.json."""
+    disk = recipe.disks[i]
+    source = rootfs / disk.populate_from.lstrip("/") if disk.populate_from else None
+    if source is not None and (source.is_symlink() or not source.is_dir()):
+        raise InvalidInput(f"{disk.populate_from} is not a directory in the built image (the "
+                           "recipe's commands must make it)", path=str(recipe.path),
+                           field=f"disks[{i}].populate_from")
+    raw = work / f"disk-{disk.name}.raw"
+    log.info("making the extra disk %s (%s, %d MiB)", disk.name, disk.fs, disk.size_mib)
+    _run([mkfs, "-q", "-F", "-t", disk.fs, "-U", disk.uuid, *(["-L", disk.label] if disk.label else []),
+          *(["-d", str(source)] if source is not None else []), str(raw), f"{disk.size_mib}M"],
+         f"mkfs.{disk.fs} ({disk.name})", work)
+    name = f"disk-{disk.name}.qcow2"
+    _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(work / name)], "qemu-img", work)
+    raw.unlink()
+    if source is not None:
+        for child in source.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    os.chmod(work / name, 0o444)
+    return {"name": disk.name, "file": name, "sha256": file_sha256(work / name), "uuid": disk.uuid,
+            **({"label": disk.label} if disk.label else {})}
+
+
 def base_sha256(image: BuiltImage) -> str:
     """Hash the base now (tests compare it with the recorded one)."""
     return file_sha256(image.base)
+
+
+def disk_sha256s(image: BuiltImage) -> dict[str, str]:
+    """Hash each extra disk's base now, by name (tests compare them with the recorded ones)."""
+    return {d.name: file_sha256(d.base) for d in image.disks}

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ RamFile = tuple[Path, bool]  # the guest RAM's file and whether QEMU writes it (
 
 
 def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, console: Path,
-              qmp: Path, forwards: dict[int, int], lan: LanPort | None = None) -> list[str]:
+              qmp: Path, forwards: dict[int, int], lan: LanPort | None = None,
+              disks: Sequence[Path] = ()) -> list[str]:
     """QEMU's arguments for ``image``, the binary not included (nor ``-incoming``, ``-S``).
 
     The RAM is always the memory backend ``mem0``, a file or anonymous: a saved
@@ -115,7 +117,14 @@ def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, co
     ``lan``: a second NIC on a private network (a multi-machine scenario's,
     :mod:`runner.backends.lan`); a machine with one is another virtual machine,
     restored from a snapshot of its own (:func:`machine_digest` differs).
+    ``disks``: this VM's overlay of each of the image's extra disks, in the image's order,
+    attached right after the root disk (the first is the guest's ``/dev/vdb``). A saved
+    state holds these drives, so every VM of an image with extra disks must be given all
+    of them; an image without them gets exactly the command line it always had.
     """
+    if len(disks) != len(image.disks):
+        raise VMError(f"image {image.name} has {len(image.disks)} extra disk(s); "
+                      f"{len(disks)} overlay(s) given")
     mem = image.memory_mib
     fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{h}-:{g}" for g, h in forwards.items())
     if ram:
@@ -129,6 +138,8 @@ def qemu_args(image: BuiltImage, disk: Path, accel: str, ram: RamFile | None, co
             "-cpu", "host" if accel == "kvm" else "max",
             "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", image.cmdline,
             "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+            *(arg for extra in disks
+              for arg in ("-drive", f"file={extra},if=virtio,format=qcow2,cache=unsafe,discard=unmap")),
             "-netdev", f"user,id=n0,restrict=on,{fwd}",
             "-device", "virtio-net-pci,netdev=n0",
             *(["-netdev", lan.netdev(), "-device", f"virtio-net-pci,netdev=lan,mac={lan.mac}"]
@@ -150,7 +161,8 @@ def machine_digest(image: BuiltImage, accel: str, lan: bool = False) -> str:
     # The LAN's sockets and MAC differ per machine; its backend is not part of a saved state.
     port = LanPort(Path("lan"), Path("hub"), SNAPSHOT_LAN_MAC) if lan else None
     args = qemu_args(fixed, Path("disk"), accel, (Path("ram"), True), Path("console"), Path("qmp"),
-                     dict.fromkeys(FORWARDED_PORTS, 0), port)
+                     dict.fromkeys(FORWARDED_PORTS, 0), port,
+                     tuple(Path(f"disk-{d.name}") for d in image.disks))
     return hashlib.sha256("\0".join(args).encode()).hexdigest()[:8]
 
 
@@ -159,14 +171,16 @@ class Qemu:
 
     def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
                  ram: RamFile | None, incoming: bool, *, paused: bool = False,
-                 lan: LanPort | None = None) -> None:
+                 lan: LanPort | None = None, disks: Sequence[Path] = ()) -> None:
         """``ram``: the guest RAM in a file, shared (the golden boot) or copy-on-write (a
         template restore); None for ordinary anonymous RAM. ``incoming``: wait for
         ``migrate-incoming``. ``paused``: do not run the guest (``-S``), not even once an
         incoming migration has loaded it, so its state can be migrated on unchanged.
-        ``lan``: the machine's port on its sandbox's private network (None: no second NIC)."""
+        ``lan``: the machine's port on its sandbox's private network (None: no second NIC).
+        ``disks``: this VM's overlay of each of the image's extra disks, in order."""
         self.workdir = workdir
         self.lan = lan
+        self.disks = tuple(disks)
         self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
@@ -194,7 +208,7 @@ class Qemu:
         self.forwards = dict(zip(FORWARDED_PORTS, free_ports(len(FORWARDED_PORTS)), strict=True))
         self.log_path = workdir / "qemu.log"
         cmd = [qemu_binary(), *qemu_args(image, disk, accel, ram, self.console_path, self.qmp_path,
-                                         self.forwards, self.lan)]
+                                         self.forwards, self.lan, self.disks)]
         if incoming:
             cmd += ["-incoming", "defer"]
         if paused:

@@ -42,9 +42,10 @@ from runner.backends.qemu import (
 from runner.backends.serial import SerialGuest
 from runner.backends.snapshot import (
     BOOT_TIMEOUT,
-    FILES,
     READY_TIMEOUT,
     ensure_snapshot,
+    frozen_disk,
+    snapshot_files,
     wait_for_shell,
     wait_until_settled,
 )
@@ -209,7 +210,7 @@ class Sandbox:
         """The golden snapshot to restore from: the one given, else the cache's (made if missing)."""
         if self.snapshot_dir is None:
             return ensure_snapshot(image, accel, lan=self.lan is not None)
-        missing = [f for f in FILES if not (self.snapshot_dir / f).is_file()]
+        missing = [f for f in snapshot_files(image) if not (self.snapshot_dir / f).is_file()]
         if missing:
             raise VMError(f"{self.snapshot_dir} lacks {', '.join(missing)}")
         return self.snapshot_dir
@@ -218,8 +219,10 @@ class Sandbox:
         """RAM: the template file, copy-on-write; only the small device state is read."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
+        disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
+                 for d in image.disks]
         self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True,
-                           lan=self.lan)
+                           lan=self.lan, disks=disks)
         # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
         # completed, sent after the run state is set), so the wait reads one event
         # instead of polling query-status and query-migrate over QMP.
@@ -234,7 +237,9 @@ class Sandbox:
         """RAM: anonymous, filled from the whole saved VM; needs nothing of the template's RAM file."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan)
+        disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
+                 for d in image.disks]
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan, disks=disks)
         q.cmd("migrate-set-capabilities", capabilities=[{"capability": "events", "state": True}])
         q.qmp.clear_events()
         q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(snap / 'full.state'))}")
@@ -253,10 +258,10 @@ class Sandbox:
         if q.status() == "internal-error":
             raise KvmUnusable("the restored guest stopped with KVM internal error")
 
-    def _fresh_overlay(self, backing: Path) -> Path:
+    def _fresh_overlay(self, backing: Path, name: str = "overlay.qcow2") -> Path:
         """A new disk overlay on ``backing`` (a failed way before may have left one)."""
         assert self._dir is not None
-        overlay = self._dir / "overlay.qcow2"
+        overlay = self._dir / name
         with contextlib.suppress(FileNotFoundError):
             overlay.unlink()
         make_overlay(backing, overlay)
@@ -264,8 +269,9 @@ class Sandbox:
 
     def _cold(self, image: BuiltImage, accel: str) -> None:
         overlay = self._fresh_overlay(image.base)
+        disks = [self._fresh_overlay(d.base, f"overlay-{d.name}.qcow2") for d in image.disks]
         assert self._dir is not None
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan)
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan, disks=disks)
         self._serial = wait_for_shell(q, BOOT_TIMEOUT)
         self.shell_s = time.monotonic() - q.started
         wait_until_settled(self._serial, READY_TIMEOUT)

@@ -15,12 +15,18 @@ QEMU refuses a second ``migrate`` from a source a first one has completed, so
 it is saved by a second QEMU: the template restored, kept paused (``-S``),
 migrated on. That also proves the template restores before it is published.
 
+An image's extra disks (``disks:`` in its recipe) are frozen with the root
+disk: the golden boot writes an overlay of each (``frozen-<name>.qcow2``), and
+every restore attaches a new overlay on each, in the same order, since the
+saved device state holds those drives.
+
 Nothing writes a snapshot after it is made: its files are read-only, and the
 directory's name keys everything a saved state depends on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,7 +40,7 @@ from pathlib import Path
 
 from runner.backends.cachedir import cache_dir, file_lock
 from runner.backends.framing import helper_digest
-from runner.backends.images import BuiltImage
+from runner.backends.images import BuiltImage, ExtraDisk
 from runner.backends.lan import LanPort
 from runner.backends.qemu import KvmUnusable, Qemu, machine_digest, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
@@ -50,6 +56,24 @@ READY_TIMEOUT = 180.0  # seconds for systemd to finish starting units in the gol
 # 4: adds full.state (the whole VM, for the fallback restore); the key hashes QEMU's command line.
 SNAPSHOT_VERSION = 4
 FILES = ("frozen.qcow2", "template.ram", "device.state", "full.state")  # all read-only once saved
+
+
+def frozen_disk(disk: ExtraDisk) -> str:
+    """The file name of an extra disk's frozen overlay in a snapshot."""
+    return f"frozen-{disk.name}.qcow2"
+
+
+def snapshot_files(image: BuiltImage) -> tuple[str, ...]:
+    """Every file of ``image``'s snapshot: :data:`FILES` and a frozen overlay per extra disk."""
+    return (*FILES, *(frozen_disk(d) for d in image.disks))
+
+
+def disks_digest(image: BuiltImage) -> str:
+    """A short hash of the extra disks' names and contents, in order ("" for none)."""
+    if not image.disks:
+        return ""
+    text = "\n".join(f"{d.name} {d.sha256}" for d in image.disks)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def wait_for_shell(q: Qemu, timeout: float) -> SerialGuest:
@@ -113,8 +137,11 @@ def snapshot_dir(image: BuiltImage, accel: str, lan: bool = False) -> Path:
     """
     # The guest helper runs inside the template, so its version is part of the key; so is the
     # rest of QEMU's command line (machine type, CPU model, devices): a state loads into no other.
+    # The extra disks' contents are frozen into it too (their drives are in the command line's
+    # hash); an image without any keys what it always did.
+    disks = f"-d{disks_digest(image)}" if image.disks else ""
     key = (f"{image.sha256[:16]}-qemu{qemu_version()}-{accel}-{image.memory_mib}m-v{SNAPSHOT_VERSION}"
-           f"-h{helper_digest()}-c{machine_digest(image, accel, lan)}")
+           f"-h{helper_digest()}-c{machine_digest(image, accel, lan)}{disks}")
     return cache_dir("snapshots") / f"{image.name}-{key}{'-lan' if lan else ''}"
 
 
@@ -136,16 +163,18 @@ def dead_end_lan(lan: bool) -> Iterator[LanPort | None]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _snapshot_ready(d: Path) -> bool:
-    return all((d / f).is_file() for f in (*FILES, "snapshot.json"))
+def _snapshot_ready(d: Path, image: BuiltImage) -> bool:
+    return all((d / f).is_file() for f in (*snapshot_files(image), "snapshot.json"))
 
 
 def _boot_and_save(image: BuiltImage, accel: str, work: Path, t0: float,
                    lan: LanPort | None = None) -> None:
     """One cold boot, waited on until settled, then saved into ``work`` (RAM file, device state)."""
     make_overlay(image.base, work / "frozen.qcow2")
+    for disk in image.disks:
+        make_overlay(disk.base, work / frozen_disk(disk))
     q = Qemu(image, work / "frozen.qcow2", accel, work, (work / "template.ram", True), False,
-             lan=lan)
+             lan=lan, disks=[work / frozen_disk(d) for d in image.disks])
     try:
         guest = wait_for_shell(q, BOOT_TIMEOUT)
         state = wait_until_settled(guest, READY_TIMEOUT)
@@ -176,8 +205,10 @@ def _save_full_state(image: BuiltImage, accel: str, work: Path, lan: LanPort | N
     scratch = work / "full-state-source"
     scratch.mkdir()
     make_overlay(work / "frozen.qcow2", scratch / "overlay.qcow2")
+    for disk in image.disks:
+        make_overlay(work / frozen_disk(disk), scratch / f"overlay-{disk.name}.qcow2")
     q = Qemu(image, scratch / "overlay.qcow2", accel, scratch, (work / "template.ram", False), True,
-             paused=True, lan=lan)
+             paused=True, lan=lan, disks=[scratch / f"overlay-{d.name}.qcow2" for d in image.disks])
     try:
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": "x-ignore-shared", "state": True},
@@ -199,10 +230,10 @@ def ensure_snapshot(image: BuiltImage, accel: str, lan: bool = False) -> Path:
 
     ``lan``: the variant with a second NIC (see :func:`snapshot_dir`)."""
     d = snapshot_dir(image, accel, lan)
-    if _snapshot_ready(d):
+    if _snapshot_ready(d, image):
         return d
     with file_lock(d, f"snapshot {image.name}"):
-        if _snapshot_ready(d):
+        if _snapshot_ready(d, image):
             return d
         log.info("making the golden snapshot of %s (%s%s): one cold boot", image.name, accel,
                  ", with a private-network NIC" if lan else "")
@@ -217,11 +248,12 @@ def ensure_snapshot(image: BuiltImage, accel: str, lan: bool = False) -> Path:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)  # a failed attempt leaves no 460 MB behind
             raise
-        for name in FILES:
+        for name in snapshot_files(image):
             os.chmod(work / name, 0o444)
         (work / "snapshot.json").write_text(json.dumps({
             "image": image.name, "image_sha256": image.sha256, "accel": accel,
-            **({"lan": True} if lan else {}), "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
+            **({"lan": True} if lan else {}),
+            **({"disks": {d.name: d.sha256 for d in image.disks}} if image.disks else {}), "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
         shutil.rmtree(d, ignore_errors=True)
         work.rename(d)
         log.info("golden snapshot saved in %.1fs", time.monotonic() - t0)

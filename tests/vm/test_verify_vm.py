@@ -38,8 +38,8 @@ def test_the_whole_suite_is_valid(tmp_path: Path) -> None:
     scenarios waiting for cron or a timer). A live noop and shortcut run is
     tested below and in test_verify_names_a_passing_shortcut.
 
-    Scenarios run on three images and some on two machines: on a fresh cache this test also
-    builds debian-12-postgres and debian-12-tls (~1-2 min each), their golden snapshots
+    Scenarios run on four images and some on two machines: on a fresh cache this test also
+    builds debian-12-postgres, debian-12-tls and debian-12-storage (~1-2 min each), their golden snapshots
     (~40 s each) and the two-machine snapshot variants; oracle runs with a reboot re-check
     take ~1-2 min more each under TCG.
     """
