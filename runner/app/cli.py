@@ -53,8 +53,10 @@ from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
+from runner.app import results
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
+    atomic_write,
     is_recordings,
     load_episodes,
     load_results,
@@ -92,7 +94,7 @@ from runner.core import layout
 from runner.core.cassette import RecordMode, find_cassettes
 from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
-from runner.core.outcomes import AgentKind, ReplayResult, Verdict
+from runner.core.outcomes import AgentKind, ReplayResult, Tier, Verdict
 from runner.core.paths import default_spec_dirs
 from runner.core.protocol import CHOICES
 from runner.core.selection import Selection, choose, split_words
@@ -332,6 +334,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", metavar="RUN_B", help="a run directory or recordings folder (B)")
     p.add_argument("more", nargs="*", metavar="RUN", help="more of them, each compared with A")
     _format_arg(p)
+
+    p = sub.add_parser("results", help="the README's results block and the difficulty tiers "
+                                       "measured from the committed live runs (no VM, no model)")
+    p.add_argument("paths", nargs="*", metavar="LIVE_DIR",
+                   help="run folders of the bundled models' ladder runs (default: every folder "
+                        "under recordings/live/)")
+    p.add_argument("--specs", action="append", metavar="DIR",
+                   help="where the specs are (default: $ROOTBENCH_SPECS, else the bundled "
+                        "specs/; may be given several times)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--write", metavar="FILE",
+                      help="put the block between FILE's <!-- results:begin --> and "
+                           "<!-- results:end --> lines (make results: README.md)")
+    what.add_argument("--check", metavar="FILE",
+                      help="exit 1 when FILE's block is not what the runs give, or a measured "
+                           "tier disagrees with its spec's difficulty: label (one line each)")
 
     p = sub.add_parser("image", help="guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
@@ -879,6 +897,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """The results block on stdout, or written into / checked against a file (``--write``,
+    ``--check``). Measured tiers that disagree with a label are one line each on stderr; with
+    ``--check`` they, or a block that differs, make the exit 1."""
+    specs = [_specs_dir(d) for d in args.specs] if args.specs else default_spec_dirs()
+    found = results.gather(results.live_dirs(args.paths), specs)
+    block = results.render_block(found)
+    problems = results.disagreement_lines(found)
+    if args.check:
+        target = Path(args.check)
+        if results.differs(target, block):
+            problems.insert(0, f"{target}: the block between {results.BEGIN} and {results.END} "
+                               "is not what the runs give (make results rewrites it)")
+        for line in problems:
+            _err(f"rootbench: {line}")
+        return 1 if problems else 0
+    for line in problems:
+        _err(f"rootbench: {line}")
+    if args.write:
+        target = Path(args.write)
+        atomic_write(target, results.written(target, block))
+        _out(f"{target}: results written ({len(found.tiers)} scenarios, "
+             f"{sum(t.tier is not Tier.UNMEASURED for t in found.tiers)} measured)")
+        return 0
+    _out(block.rstrip("\n"))
+    return 0
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     if args.image_command == "build":
         built = build_image(args.name, force=args.force)
@@ -962,7 +1008,7 @@ COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench":
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
-            "compare": cmd_compare, "mcp": cmd_mcp}
+            "compare": cmd_compare, "mcp": cmd_mcp, "results": cmd_results}
 
 
 def _crash_log(exc: BaseException) -> Path | None:

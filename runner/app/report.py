@@ -131,7 +131,9 @@ def junit_xml(episodes: Sequence[Episode], suite: str = "rootbench") -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
-def _ci(point: float | None, interval: Interval | None) -> str:
+def ci_text(point: float | None, interval: Interval | None) -> str:
+    """A figure and its interval as every table shows it, ``0.13 [0.04, 0.38]``; ``-`` when
+    nothing is behind it (``rootbench results`` renders the README's table with it too)."""
     if point is None or interval is None:
         return "-"
     return f"{point:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
@@ -175,11 +177,11 @@ def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[s
     level = f"{st.confidence:.0%}"
     headers = ["scenario", "runs", f"pass@1 [{level} CI]", f"pass@{common}" if common else "pass@n",
                f"mean score [{level} CI]"]
-    rows = [[printable(s.scenario or ""), _runs(s), _ci(s.pass_at_1, s.pass_at_1_ci), at_k(s),
-             _ci(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
+    rows = [[printable(s.scenario or ""), _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci), at_k(s),
+             ci_text(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
     o = st.overall
-    rows.append(["overall", _runs(o), _ci(o.pass_at_1, o.pass_at_1_ci), at_k(o),
-                 _ci(o.mean_score, o.mean_score_ci)])
+    rows.append(["overall", _runs(o), ci_text(o.pass_at_1, o.pass_at_1_ci), at_k(o),
+                 ci_text(o.mean_score, o.mean_score_ci)])
     every = [*st.scenarios, o]
     if any(s.mean_milestones is not None for s in every):
         headers.append("milestones")
@@ -193,7 +195,7 @@ def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[s
         headers += ["solved (any level)", f"mean assist [{level} CI]"]
         for row, s in zip(rows, [*st.scenarios, o], strict=True):
             row += [f"{s.solved}/{s.scored}" if s.solved is not None else "-",
-                    _ci(s.mean_assist, s.mean_assist_ci)]
+                    ci_text(s.mean_assist, s.mean_assist_ci)]
     return headers, rows
 
 

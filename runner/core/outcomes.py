@@ -129,3 +129,14 @@ class ReplayResult(_Word):
     SPEC_CHANGED = "spec-changed"  # the scenario's spec file changed (or is gone) since recording
     UNREADABLE = "unreadable"  # not a valid cassette
 
+
+
+class Tier(_Word):
+    """A scenario's difficulty tier as measured from the bundled models' ladder runs
+    (:func:`runner.core.tiers.measured_tier`); the first three are also the spellings of a
+    spec's ``difficulty:`` label, so the two compare directly."""
+
+    EASY = "easy"  # a bundled model passed it unaided (hint level 0)
+    MEDIUM = "medium"  # passed, but only with hints
+    HARD = "hard"  # no bundled model passed it at any hint level
+    UNMEASURED = "unmeasured"  # some bundled model has no complete ladder of it

@@ -1,0 +1,293 @@
+"""``rootbench results``: the README's results block and the measured difficulty tiers, from
+the committed live runs and the specs alone (no VM, no model).
+
+It reads every run folder given (default: each folder under ``recordings/live/``, one
+bundled model's ladder run each) and the specs, then:
+
+- per scenario, the tier measured by the rule of docs/validity.md
+  (:func:`runner.core.tiers.measured_tier`), and which of them disagree with the spec's
+  ``difficulty:`` label;
+- the results block: per run, the overall figures of ``rootbench report``
+  (:func:`runner.app.stats.summarize`, shown by :func:`runner.app.report.ci_text`: never
+  recomputed here), the tier counts, and a breakdown by tag.
+
+``--write FILE`` puts the block between :data:`BEGIN` and :data:`END` in FILE; ``--check FILE``
+says in one line when FILE's block is not what the recordings give, and one line per scenario
+whose label disagrees with its measured tier. A README cannot then drift from its recordings
+unnoticed (``tests/unit/test_results.py`` runs the check on the committed one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+from runner.app.compare import Run, load_run
+from runner.app.report import ci_text
+from runner.app.runs import shown_path
+from runner.app.stats import Summary, assists, hinted, summarize
+from runner.backends.llama import MODELS
+from runner.core.cassette import Cassette
+from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
+from runner.core.outcomes import Tier
+from runner.core.spec import Scenario, check_specs
+from runner.core.text import printable
+from runner.core.tiers import measured_tier
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+DEFAULT_LIVE = Path("recordings/live")
+MEASURED = (Tier.EASY, Tier.MEDIUM, Tier.HARD)
+
+
+@dataclass(frozen=True)
+class ScenarioTier:
+    """One spec, where it was read from, and its measured tier."""
+
+    scenario: Scenario
+    path: Path
+    tier: Tier
+
+    @property
+    def disagrees(self) -> bool:
+        """A measured tier that is not the spec's ``difficulty:`` label (unmeasured never is)."""
+        return self.tier is not Tier.UNMEASURED and self.scenario.difficulty != self.tier.value
+
+
+@dataclass(frozen=True)
+class Results:
+    """What the block is made from: the runs (in the order given), every spec's tier, the
+    bundled models the tiers are measured on, and episodes left out of the tiers because
+    their cassette was recorded against another version of the spec."""
+
+    runs: list[Run]
+    tiers: list[ScenarioTier]
+    models: tuple[str, ...]
+    stale: int = 0
+
+    def disagreements(self) -> list[ScenarioTier]:
+        return [t for t in self.tiers if t.disagrees]
+
+
+def live_dirs(paths: Sequence[str]) -> list[Path]:
+    """The run folders named, else every folder directly under ``recordings/live/``."""
+    if paths:
+        return [Path(p) for p in paths]
+    if not DEFAULT_LIVE.is_dir():
+        raise InvalidInput("no such directory (name the run folders, or run from the checkout)",
+                           path=str(DEFAULT_LIVE))
+    found = sorted(p for p in DEFAULT_LIVE.iterdir() if p.is_dir())
+    if not found:
+        raise InvalidInput("no run folders in it", path=str(DEFAULT_LIVE))
+    return found
+
+
+def _specs(spec_dirs: Sequence[Path]) -> list[tuple[Scenario, Path]]:
+    checked = check_specs(spec_dirs)
+    if not checked:
+        raise InvalidInput("no scenario files found", path=", ".join(map(str, spec_dirs)))
+    for _path, _scenario, err in checked:
+        if err is not None:
+            raise err
+    return [(s, p) for p, s, _e in checked if s is not None]
+
+
+def _recorded_hash(run: Run, ep: Episode) -> str | None:
+    """The spec hash in the header of the episode's cassette when the folder holds it (a
+    recordings folder always does; a run directory under ``cassettes/``), else None."""
+    if not ep.cassette:
+        return None
+    for where in (run.path / ep.cassette, run.path / "cassettes" / ep.cassette):
+        if where.is_file():
+            return Cassette.load(where).head.spec_hash
+    return None
+
+
+def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
+    """Load the runs and the specs and measure every scenario's tier; bad input (a folder
+    that is not a run, a spec that does not load, a run of a scenario no spec has) is
+    :class:`InvalidInput` naming the file and field."""
+    specs = _specs(spec_dirs)
+    by_id = {s.id: s for s, _p in specs}
+    runs = [load_run(p) for p in paths]
+    models = tuple(MODELS)
+    # per scenario, per bundled model: one ladder (the episodes of one folder) per run folder
+    ladders: dict[str, dict[str, list[list[Episode]]]] = {}
+    stale = 0
+    for run in runs:
+        own: dict[tuple[str, str], list[Episode]] = {}
+        for ep in run.episodes:
+            spec = by_id.get(ep.scenario)
+            if spec is None:
+                where = run.path / ep.cassette if ep.cassette else run.path
+                raise InvalidInput(f"a run of {printable(ep.scenario)!r}, which no spec under "
+                                   f"{', '.join(map(str, spec_dirs))} has", path=str(where),
+                                   field="scenario")
+            if ep.model not in models:
+                continue
+            recorded = _recorded_hash(run, ep)
+            if recorded is not None and recorded != spec.spec_hash:
+                stale += 1
+                continue
+            own.setdefault((ep.scenario, ep.model), []).append(ep)
+        for (scenario, model), eps in own.items():
+            ladders.setdefault(scenario, {}).setdefault(model, []).append(eps)
+    tiers = [ScenarioTier(s, p, measured_tier(ladders.get(s.id, {}), len(s.hints), models))
+             for s, p in specs]
+    return Results(runs=runs, tiers=tiers, models=models, stale=stale)
+
+
+# --- the block ------------------------------------------------------------------------------
+
+def _names(runs: Sequence[Run]) -> list[str]:
+    """What each run's row is called: its model, or its label (model and protocol) when two
+    runs would share a name."""
+    models = [",".join(dict.fromkeys(printable(ep.model) for ep in r.episodes)) or r.label
+              for r in runs]
+    return [m if models.count(m) == 1 else r.label for m, r in zip(models, runs, strict=True)]
+
+
+def _solved(s: Summary) -> str:
+    return "-" if s.solved is None else f"{s.solved} of {s.scored}"
+
+
+def _model_table(results: Results) -> str:
+    rows = []
+    for name, run in zip(_names(results.runs), results.runs, strict=True):
+        o = summarize(run.episodes).overall
+        rows.append([name, ci_text(o.pass_at_1, o.pass_at_1_ci), _solved(o),
+                     ci_text(o.mean_assist, o.mean_assist_ci), ci_text(o.mean_score, o.mean_score_ci)])
+    return _md(["model", "pass@1 at level 0 [95 % CI]", "solved with hints",
+                "mean assist [95 % CI]", "mean score [95 % CI]"], rows)
+
+
+def _md(headers: list[str], rows: list[list[str]]) -> str:
+    """A GitHub table in the README's compact form (``|---|``), every cell as given."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def tag_rows(results: Results) -> tuple[list[str], list[list[str]]]:
+    """The per-area breakdown: per tag (most scenarios first), how many scenarios carry it, their
+    measured tiers, and per run the rounds it passed unaided / solved at any hint level / ran
+    of those scenarios (from :func:`assists`, as :func:`summarize` counts them; "-" for "with
+    hints" when the run gave none)."""
+    tags: dict[str, list[ScenarioTier]] = {}
+    for t in results.tiers:
+        for tag in t.scenario.tags:
+            tags.setdefault(tag, []).append(t)
+    headers = ["tag", "scenarios", *(tier.value for tier in (*MEASURED, Tier.UNMEASURED)),
+               *(f"{n}: unaided / with hints / ran" for n in _names(results.runs))]
+    rows = []
+    for tag, members in sorted(tags.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        ids = {t.scenario.id for t in members}
+        row = [printable(tag), str(len(members)),
+               *(str(sum(t.tier is tier for t in members)) for tier in (*MEASURED, Tier.UNMEASURED))]
+        for run in results.runs:
+            # the assist of each round (stats.assists, as summarize counts them): 0 passed
+            # unaided, k with k hints, None never
+            helped = assists([ep for ep in run.episodes
+                              if ep.scenario in ids and ep.verdict.scored]).values()
+            if not helped:
+                row.append("-")
+                continue
+            solved = sum(a is not None for a in helped) if hinted(run.episodes) else "-"
+            row.append(f"{sum(a == 0 for a in helped)} / {solved} / {len(helped)}")
+        rows.append(row)
+    return headers, rows
+
+
+def render_block(results: Results) -> str:
+    """The text between the markers (without them): the model table, the tiers, the tags."""
+    tiers = results.tiers
+    counts = {tier: sum(t.tier is tier for t in tiers) for tier in Tier}
+    folders = ", ".join(f"`{shown_path(r.path)}`" for r in results.runs)
+    protocols = sorted({printable(ep.protocol) for r in results.runs for ep in r.episodes})
+    ladder = any(ep.hint_level for r in results.runs for ep in r.episodes)
+    bundled = " and ".join(results.models)
+    parts = [
+        "<!-- Made by `rootbench results --write README.md` (`make results`) from the committed "
+        "runs and specs/; `--check` fails when this block differs from them. Do not edit it. -->",
+        "",
+        f"From {folders} ({_count(len({ep.scenario for r in results.runs for ep in r.episodes}), 'scenario')}"
+        f" run, protocol {', '.join(protocols) or '-'}{', hint ladder' if ladder else ''}); "
+        "each row is the overall row of `rootbench report` on its folder:",
+        "",
+        _model_table(results),
+        "",
+        f"Difficulty tiers measured from the ladders of the bundled models ({bundled}), by the "
+        "rule in [docs/validity.md](docs/validity.md): easy, a bundled model passed it unaided; "
+        "medium, only with hints; hard, none passed it with every hint. "
+        f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} hard; "
+        f"{counts[Tier.UNMEASURED]} of {len(tiers)} scenarios unmeasured** (no complete ladder of "
+        "every bundled model yet)."
+        + (f" {_count(results.stale, 'episode')} recorded against an older version of its spec "
+           "left out." if results.stale else ""),
+        "",
+    ]
+    for tier in MEASURED:
+        ids = [t.scenario.id for t in tiers if t.tier is tier]
+        parts.append(f"- measured {tier.value}: {', '.join(ids) if ids else 'none'}")
+    wrong = results.disagreements()
+    parts.append("- the spec's `difficulty:` label differs from the measured tier: "
+                 + ("; ".join(f"{t.scenario.id} ({t.scenario.difficulty or 'no label'}, measured "
+                              f"{t.tier.value})" for t in wrong) if wrong else "none"))
+    headers, rows = tag_rows(results)
+    parts += ["", "Per area (each scenario counts under every tag it has; a run's cells count "
+                  "rounds, one per scenario in a ladder run):", "", _md(headers, rows)]
+    return "\n".join(parts) + "\n"
+
+
+def disagreement_lines(results: Results) -> list[str]:
+    """One line per scenario whose label disagrees with its measured tier, naming its file."""
+    return [f"{shown_path(t.path)}: difficulty: {t.scenario.difficulty or '(none)'}, but measured "
+            f"{t.tier.value}" for t in results.disagreements()]
+
+
+# --- the file with the markers -----------------------------------------------------------------
+
+def _split(text: str, path: Path) -> tuple[str, str, str]:
+    """``text`` as (up to and with the begin marker's line, the block, from the end marker's
+    line on); a file without exactly one of each marker, in order, is :class:`InvalidInput`."""
+    lines = text.splitlines(keepends=True)
+    begins = [i for i, ln in enumerate(lines) if ln.strip() == BEGIN]
+    ends = [i for i, ln in enumerate(lines) if ln.strip() == END]
+    for marker, found in ((BEGIN, begins), (END, ends)):
+        if len(found) != 1:
+            raise InvalidInput(f"needs exactly one line {marker} (found {len(found)})",
+                               path=str(path), field=marker)
+    (b,), (e,) = begins, ends
+    if e < b:
+        raise InvalidInput(f"{END} comes before {BEGIN}", path=str(path), field=END)
+    return "".join(lines[:b + 1]), "".join(lines[b + 1:e]), "".join(lines[e:])
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput("no such file", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read: {getattr(exc, 'strerror', None) or exc}",
+                           path=str(path)) from None
+
+
+def written(path: Path, block: str) -> str:
+    """``path``'s text with ``block`` between its markers."""
+    head, _old, tail = _split(_read(path), path)
+    return head + "\n" + block + "\n" + tail
+
+
+def differs(path: Path, block: str) -> bool:
+    """Whether ``path``'s block is not ``block`` (blank lines around it do not count)."""
+    _head, old, _tail = _split(_read(path), path)
+    return old.strip("\n") != block.strip("\n")
