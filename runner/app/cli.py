@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import cast
 
 from runner import __version__
-from runner.app import atif, html_report, logs, mcp_server
+from runner.app import atif, html_report, logs, mcp_server, results
 from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
 from runner.app.agent_api import AgentRef
 from runner.app.agent_api import resolve as resolve_agent
@@ -53,7 +53,6 @@ from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
-from runner.app import results
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
     atomic_write,

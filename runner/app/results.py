@@ -23,8 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabulate import tabulate
-
 from runner.app.compare import Run, load_run
 from runner.app.report import ci_text
 from runner.app.runs import shown_path

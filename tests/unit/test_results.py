@@ -1,0 +1,219 @@
+"""``rootbench results``: the measured difficulty tiers, the per-tag breakdown and the README's
+results block, from committed cassettes (no VM, no model).
+
+The hand-made run folders are copies of committed ladder cassettes of the two bundled models,
+a few levels left out where a test needs a ladder that is not complete."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import Cli
+
+from runner.app import results
+from runner.core.episode import Episode
+from runner.core.outcomes import AgentKind, Tier, Verdict
+from runner.core.paths import repo_root
+from runner.core.tiers import ladder_complete, measured_tier
+
+LIVE = repo_root() / "recordings" / "live"
+SMALL, LARGE = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+IDS = ("ssh-stopped", "cron-job-commented", "cron-stopped")
+LEVELS = ("r0", "r0.h1", "r0.h2", "r0.h3")
+
+
+# --- the rule, on episodes ------------------------------------------------------------------
+
+def _ep(model: str, level: int, verdict: Verdict, rnd: int = 0) -> Episode:
+    return Episode(scenario="s", agent=AgentKind.MODEL, model=model, protocol="json", round=rnd,
+                   verdict=verdict, hint_level=level)
+
+
+def _ladder(model: str, *verdicts: Verdict, rnd: int = 0) -> list[Episode]:
+    return [_ep(model, level, v, rnd) for level, v in enumerate(verdicts)]
+
+
+P, F, X = Verdict.PASS, Verdict.FAIL, Verdict.INFRA_ERROR
+MODELS = (SMALL, LARGE)
+
+
+def test_a_ladder_is_complete_up_to_its_first_pass_or_its_last_hint() -> None:
+    assert ladder_complete(_ladder(LARGE, P), 3)
+    assert ladder_complete(_ladder(LARGE, F, F, P), 3)
+    assert ladder_complete(_ladder(LARGE, F, F, F, F), 3)
+    assert not ladder_complete(_ladder(LARGE, F, F, F), 3)  # level 3 never ran
+    assert not ladder_complete(_ladder(LARGE, F, F, F, F)[1:], 3)  # no level 0
+    assert not ladder_complete(_ladder(LARGE, F, X, F, F), 3)  # level 1 says nothing
+    assert not ladder_complete([], 3)
+    # each round must be whole: the second round stopped after level 1
+    assert not ladder_complete(_ladder(LARGE, F, P) + _ladder(LARGE, F, F, rnd=1), 3)
+
+
+def test_the_tier_rule() -> None:
+    never = {SMALL: [_ladder(SMALL, F, F, F, F)]}
+    assert measured_tier({**never, LARGE: [_ladder(LARGE, P)]}, 3, MODELS) is Tier.EASY
+    assert measured_tier({**never, LARGE: [_ladder(LARGE, F, F, P)]}, 3, MODELS) is Tier.MEDIUM
+    assert measured_tier({**never, LARGE: [_ladder(LARGE, F, F, F, F)]}, 3, MODELS) is Tier.HARD
+    # one bundled model with no complete ladder: nothing is claimed, even a pass unaided
+    assert measured_tier({LARGE: [_ladder(LARGE, P)]}, 3, MODELS) is Tier.UNMEASURED
+    assert measured_tier({SMALL: [_ladder(SMALL, F, F)], LARGE: [_ladder(LARGE, P)]}, 3,
+                         MODELS) is Tier.UNMEASURED
+    # a model that is not bundled counts for nothing
+    assert measured_tier({**never, LARGE: [_ladder(LARGE, F, F, F, F)],
+                          "big": [_ladder("big", P)]}, 3, MODELS) is Tier.HARD
+    # one round unaided is enough for easy; fewer hints make a shorter ladder complete
+    assert measured_tier({**never, LARGE: [_ladder(LARGE, F, F, F, F) + _ladder(LARGE, P, rnd=1)]},
+                         3, MODELS) is Tier.EASY
+    assert measured_tier({SMALL: [_ladder(SMALL, F, F)], LARGE: [_ladder(LARGE, F, P)]}, 1,
+                         MODELS) is Tier.MEDIUM
+
+
+# --- the command, on hand-made folders -------------------------------------------------------
+
+def _copy(model: str, scenario: str, levels: tuple[str, ...], to: Path) -> None:
+    folder = to / f"{model}-json"
+    folder.mkdir(parents=True, exist_ok=True)
+    for level in levels:
+        shutil.copy2(LIVE / f"{model}-json" / f"{scenario}.{level}.jsonl", folder)
+
+
+@pytest.fixture
+def small_suite(tmp_path: Path) -> tuple[Path, Path]:
+    """Three specs and both models' runs of them: ssh-stopped passed unaided by the 1.5B,
+    cron-job-commented never passed, cron-stopped passed by the 1.5B at level 2 but the 0.5B's
+    ladder lacks its level 2 (so the ladder is not complete)."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for i in IDS:
+        shutil.copy2(repo_root() / "specs" / f"{i}.yaml", specs)
+    runs = tmp_path / "live"
+    _copy(LARGE, "ssh-stopped", LEVELS[:1], runs)
+    _copy(LARGE, "cron-job-commented", LEVELS, runs)
+    _copy(LARGE, "cron-stopped", LEVELS[:3], runs)
+    _copy(SMALL, "ssh-stopped", LEVELS, runs)
+    _copy(SMALL, "cron-job-commented", LEVELS, runs)
+    _copy(SMALL, "cron-stopped", ("r0", "r0.h1", "r0.h3"), runs)
+    return specs, runs
+
+
+def _tiers(found: results.Results) -> dict[str, Tier]:
+    return {t.scenario.id: t.tier for t in found.tiers}
+
+
+def _folders(runs: Path) -> list[Path]:
+    return [runs / f"{LARGE}-json", runs / f"{SMALL}-json"]
+
+
+def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> None:
+    specs, runs = small_suite
+    found = results.gather(_folders(runs), [specs])
+    assert _tiers(found) == {"ssh-stopped": Tier.EASY, "cron-job-commented": Tier.HARD,
+                             "cron-stopped": Tier.UNMEASURED}
+    headers, rows = results.tag_rows(found)
+    assert headers[:6] == ["tag", "scenarios", "easy", "medium", "hard", "unmeasured"]
+    table = {row[0]: row[1:] for row in rows}
+    # the 1.5B: unaided / solved at any level / rounds run; the 0.5B never passed
+    assert table["easy-tier"] == ["3", "1", "0", "1", "1", "1 / 2 / 3", "0 / 0 / 3"]
+    assert table["cron"] == ["2", "0", "0", "1", "1", "0 / 1 / 2", "0 / 0 / 2"]
+    assert table["systemd"] == ["2", "1", "0", "0", "1", "1 / 2 / 2", "0 / 0 / 2"]
+    assert table["ssh"] == ["1", "1", "0", "0", "0", "1 / 1 / 1", "0 / 0 / 1"]
+    assert [r[0] for r in rows] == ["easy-tier", "cron", "systemd", "nginx", "ssh"]
+    # the 0.5B's missing level 2 run completes its ladder: the 1.5B's level-2 pass makes it medium
+    _copy(SMALL, "cron-stopped", ("r0.h2",), runs)
+    found = results.gather(_folders(runs), [specs])
+    assert _tiers(found)["cron-stopped"] is Tier.MEDIUM
+    block = results.render_block(found)
+    assert "**1 easy, 1 medium, 1 hard; 0 of 3 scenarios unmeasured**" in block
+    assert "- measured hard: cron-job-commented" in block
+    # the labels say easy for all three: two disagree, one per scenario, naming the file
+    assert [t.scenario.id for t in found.disagreements()] == ["cron-job-commented", "cron-stopped"]
+    assert results.disagreement_lines(found)[0].endswith(
+        "cron-job-commented.yaml: difficulty: easy, but measured hard")
+    # without one bundled model's runs nothing is measured
+    found = results.gather(_folders(runs)[:1], [specs])
+    assert set(_tiers(found).values()) == {Tier.UNMEASURED}
+    assert "**0 easy, 0 medium, 0 hard; 3 of 3 scenarios unmeasured**" in \
+        results.render_block(found)
+
+
+def test_runs_of_an_older_spec_measure_nothing(small_suite: tuple[Path, Path]) -> None:
+    specs, runs = small_suite
+    spec = specs / "ssh-stopped.yaml"
+    spec.write_text(spec.read_text() + "# edited after the runs\n")
+    found = results.gather(_folders(runs), [specs])
+    assert _tiers(found)["ssh-stopped"] is Tier.UNMEASURED
+    assert found.stale == 5  # the 1.5B's one run and the 0.5B's four
+    assert "5 episodes recorded against an older version of its spec left out." in \
+        results.render_block(found)
+
+
+def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Path) -> None:
+    specs, runs = small_suite
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n\n{results.BEGIN}\nold\n{results.END}\n\nafter\n")
+    folders = [str(p) for p in _folders(runs)]
+    r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"rootbench: {readme}: the block between {results.BEGIN} and " \
+                       f"{results.END} is not what the runs give (make results rewrites it)"
+    assert lines[1].endswith("cron-job-commented.yaml: difficulty: easy, but measured hard")
+    assert len(lines) == 2  # ssh-stopped agrees (easy), cron-stopped is unmeasured
+    r = cli("results", *folders, "--specs", str(specs), "--write", str(readme))
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert "\nold\n" not in text and "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 2 of 3 |" in text
+    r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1  # the label disagreement only
+    # the printed block is the written one
+    r = cli("results", *folders, "--specs", str(specs))
+    assert r.stdout.strip("\n") in text
+    readme.write_text(text.replace("2 of 3", "3 of 3"))
+    r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
+    assert r.returncode == 1 and "is not what the runs give" in r.stderr
+
+
+def test_bad_input_is_one_line_and_exit_2(cli: Cli, small_suite: tuple[Path, Path],
+                                          tmp_path: Path) -> None:
+    specs, runs = small_suite
+    folders = [str(p) for p in _folders(runs)]
+    (tmp_path / "empty").mkdir()
+    r = cli("results", str(tmp_path / "empty"), "--specs", str(specs))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"rootbench: {tmp_path / 'empty'}: not a run directory or a folder of " \
+                       "cassettes (no results.json)\n"
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
+    assert r.returncode == 2
+    assert r.stderr == f"rootbench: {readme}: {results.BEGIN}: needs exactly one line " \
+                       f"{results.BEGIN} (found 0)\n"
+    (specs / "ssh-stopped.yaml").unlink()  # a run of a scenario no spec has
+    r = cli("results", *folders, "--specs", str(specs))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert "ssh-stopped.r0.jsonl: scenario: a run of 'ssh-stopped', which no spec" in r.stderr
+    (specs / "broken.yaml").write_text("id: [\n")
+    r = cli("results", *folders, "--specs", str(specs))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "broken.yaml" in r.stderr
+
+
+# --- the committed README -------------------------------------------------------------------
+
+def test_the_committed_readme_is_what_the_recordings_give(cli: Cli) -> None:
+    """`make results` was run: the README's block is the one the committed live runs and specs
+    give. Measured tiers that disagree with a spec's label (the lead's to settle) are the only
+    other lines --check may print."""
+    r = cli("results", "--check", "README.md")  # from the checkout's root, as `make results`
+    found = results.gather(results.live_dirs([]), [repo_root() / "specs"])
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [f"rootbench: {line}"
+                                     for line in results.disagreement_lines(found)]
+    assert r.returncode == (1 if found.disagreements() else 0)
+    # what the block says of the tiers is what gather measured
+    counts = {tier: sum(t.tier is tier for t in found.tiers) for tier in Tier}
+    text = (repo_root() / "README.md").read_text()
+    assert f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} " \
+           f"hard; {counts[Tier.UNMEASURED]} of {len(found.tiers)} scenarios unmeasured**" in text
