@@ -15,7 +15,7 @@ ARGS ?=
 # two: a VM test mostly waits on one guest vCPU, so a second worker fills the other core
 TEST_WORKERS ?= 2
 
-.PHONY: setup test test-fast bench replay verify perf reliability lint image doctor clean
+.PHONY: setup test test-fast bench replay verify perf reliability lint image doctor results clean
 
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
@@ -50,6 +50,11 @@ bench: setup
 replay: setup
 	$(RB) replay --offline recordings/oracle $(wildcard recordings/live/*/) $(ARGS)
 	@for a in recordings/archive/*/; do $(RB) replay --offline "$$a" --specs "$$a/specs" $(ARGS) || exit 1; done
+
+## results: the README's results block and the measured difficulty tiers, made again from the
+## committed live runs (recordings/live/*/) and specs/ (no VM, no model); prints labels that disagree
+results: setup
+	$(RB) results --write README.md $(ARGS)
 
 ## verify: prove every scenario valid on real VMs; oracle cassettes go to recordings/oracle
 verify: setup
