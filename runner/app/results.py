@@ -111,6 +111,9 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
     :class:`InvalidInput` naming the file and field."""
     specs = _specs(spec_dirs)
     by_id = {s.id: s for s, _p in specs}
+    for p in paths:
+        if p.exists() and not p.is_dir():
+            raise InvalidInput("not a run directory or a folder of cassettes (a file)", path=str(p))
     runs = [load_run(p) for p in paths]
     models = tuple(MODELS)
     # per scenario, per bundled model: one ladder (the episodes of one folder) per run folder

@@ -187,6 +187,9 @@ def test_bad_input_is_one_line_and_exit_2(cli: Cli, small_suite: tuple[Path, Pat
                        "cassettes (no results.json)\n"
     readme = tmp_path / "README.md"
     readme.write_text("no markers\n")
+    r = cli("results", str(readme), "--specs", str(specs))  # a file where a run folder goes
+    assert (r.returncode, r.stderr) == (2, f"rootbench: {readme}: not a run directory or a "
+                                           "folder of cassettes (a file)\n")
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 2
     assert r.stderr == f"rootbench: {readme}: {results.BEGIN}: needs exactly one line " \
