@@ -347,8 +347,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="put the block between FILE's <!-- results:begin --> and "
                            "<!-- results:end --> lines (make results: README.md)")
     what.add_argument("--check", metavar="FILE",
-                      help="exit 1 when FILE's block is not what the runs give, or a measured "
-                           "tier disagrees with its spec's difficulty: label (one line each)")
+                      help="exit 1 when FILE's block is not what the runs give, or a spec's "
+                           "difficulty: hard was passed unaided by a bundled model (one line each)")
 
     p = sub.add_parser("image", help="guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
@@ -898,8 +898,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     """The results block on stdout, or written into / checked against a file (``--write``,
-    ``--check``). Measured tiers that disagree with a label are one line each on stderr; with
-    ``--check`` they, or a block that differs, make the exit 1."""
+    ``--check``). A label that breaks the measured cap (hard, yet passed unaided) is one line
+    each on stderr; with ``--check`` it, or a block that differs, makes the exit 1."""
     specs = [_specs_dir(d) for d in args.specs] if args.specs else default_spec_dirs()
     found = results.gather(results.live_dirs(args.paths), specs)
     block = results.render_block(found)

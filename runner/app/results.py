@@ -51,9 +51,18 @@ class ScenarioTier:
     tier: Tier
 
     @property
-    def disagrees(self) -> bool:
-        """A measured tier that is not the spec's ``difficulty:`` label (unmeasured never is)."""
+    def differs(self) -> bool:
+        """A measured tier that is not the spec's ``difficulty:`` label (unmeasured never is).
+        Not an error: the label is the rule's, from the scenario's structure (what the first
+        diagnostic shows, hops to the cause, faults that interact), which small models may find
+        harder than it reads; the block lists these beside the measurement."""
         return self.tier is not Tier.UNMEASURED and self.scenario.difficulty != self.tier.value
+
+    @property
+    def disagrees(self) -> bool:
+        """The label breaks the rule's measured cap: a scenario a bundled model passed unaided
+        is at most medium (docs/validity.md), so "hard" with a measured "easy" is wrong."""
+        return self.tier is Tier.EASY and self.scenario.difficulty == "hard"
 
 
 @dataclass(frozen=True)
@@ -238,10 +247,11 @@ def render_block(results: Results) -> str:
     for tier in MEASURED:
         ids = [t.scenario.id for t in tiers if t.tier is tier]
         parts.append(f"- measured {tier.value}: {', '.join(ids) if ids else 'none'}")
-    wrong = results.disagreements()
-    parts.append("- the spec's `difficulty:` label differs from the measured tier: "
+    differ = [t for t in tiers if t.differs]
+    parts.append("- the spec's `difficulty:` label (the rule's, from the scenario's structure) "
+                 "differs from the measured tier: "
                  + ("; ".join(f"{t.scenario.id} ({t.scenario.difficulty or 'no label'}, measured "
-                              f"{t.tier.value})" for t in wrong) if wrong else "none"))
+                              f"{t.tier.value})" for t in differ) if differ else "none"))
     headers, rows = tag_rows(results)
     parts += ["", "Per area (each scenario counts under every tag it has; a run's cells count "
                   "rounds, one per scenario in a ladder run):", "", _md(headers, rows)]
@@ -249,9 +259,10 @@ def render_block(results: Results) -> str:
 
 
 def disagreement_lines(results: Results) -> list[str]:
-    """One line per scenario whose label disagrees with its measured tier, naming its file."""
-    return [f"{shown_path(t.path)}: difficulty: {t.scenario.difficulty or '(none)'}, but measured "
-            f"{t.tier.value}" for t in results.disagreements()]
+    """One line per scenario whose label breaks the measured cap, naming its file."""
+    return [f"{shown_path(t.path)}: difficulty: {t.scenario.difficulty or '(none)'}, but a bundled "
+            f"model passed it unaided (measured {t.tier.value}): at most medium"
+            for t in results.disagreements()]
 
 
 # --- the file with the markers -----------------------------------------------------------------

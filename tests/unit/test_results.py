@@ -6,6 +6,7 @@ a few levels left out where a test needs a ladder that is not complete."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -127,10 +128,19 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     block = results.render_block(found)
     assert "**1 easy, 1 medium, 1 hard; 0 of 3 scenarios unmeasured**" in block
     assert "- measured hard: cron-job-commented" in block
-    # the labels say easy for all three: two disagree, one per scenario, naming the file
-    assert [t.scenario.id for t in found.disagreements()] == ["cron-job-commented", "cron-stopped"]
-    assert results.disagreement_lines(found)[0].endswith(
-        "cron-job-commented.yaml: difficulty: easy, but measured hard")
+    # the labels say easy for all three: two differ from the measurement, which the block says;
+    # neither breaks the measured cap (a hard label on a scenario passed unaided) ...
+    assert [t.scenario.id for t in found.tiers if t.differs] == ["cron-job-commented", "cron-stopped"]
+    assert "cron-job-commented (easy, measured hard); cron-stopped (easy, measured medium)" in block
+    assert found.disagreements() == [] and results.disagreement_lines(found) == []
+    # ... which a "hard" on ssh-stopped (passed unaided by the 1.5B) would
+    capped = [dataclasses.replace(t, scenario=dataclasses.replace(t.scenario, difficulty="hard"))
+              if t.scenario.id == "ssh-stopped" else t for t in found.tiers]
+    found_capped = dataclasses.replace(found, tiers=capped)
+    assert [t.scenario.id for t in found_capped.disagreements()] == ["ssh-stopped"]
+    assert results.disagreement_lines(found_capped)[0].endswith(
+        "ssh-stopped.yaml: difficulty: hard, but a bundled model passed it unaided "
+        "(measured easy): at most medium")
     # without one bundled model's runs nothing is measured
     found = results.gather(_folders(runs)[:1], [specs])
     assert set(_tiers(found).values()) == {Tier.UNMEASURED}
@@ -159,15 +169,14 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     lines = r.stderr.splitlines()
     assert lines[0] == f"rootbench: {readme}: the block between {results.BEGIN} and " \
                        f"{results.END} is not what the runs give (make results rewrites it)"
-    assert lines[1].endswith("cron-job-commented.yaml: difficulty: easy, but measured hard")
-    assert len(lines) == 2  # ssh-stopped agrees (easy), cron-stopped is unmeasured
+    assert len(lines) == 1  # no label breaks the measured cap
     r = cli("results", *folders, "--specs", str(specs), "--write", str(readme))
     assert r.returncode == 0, r.stderr
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert "\nold\n" not in text and "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 2 of 3 |" in text
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
-    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1  # the label disagreement only
+    assert r.returncode == 0 and r.stderr == ""
     # the printed block is the written one
     r = cli("results", *folders, "--specs", str(specs))
     assert r.stdout.strip("\n") in text
@@ -207,8 +216,7 @@ def test_bad_input_is_one_line_and_exit_2(cli: Cli, small_suite: tuple[Path, Pat
 
 def test_the_committed_readme_is_what_the_recordings_give(cli: Cli) -> None:
     """`make results` was run: the README's block is the one the committed live runs and specs
-    give. Measured tiers that disagree with a spec's label (the lead's to settle) are the only
-    other lines --check may print."""
+    give, and no label breaks the measured cap (the only other lines --check may print)."""
     r = cli("results", "--check", "README.md")  # from the checkout's root, as `make results`
     found = results.gather(results.live_dirs([]), [repo_root() / "specs"])
     assert r.stdout == ""
