@@ -36,7 +36,7 @@ setup:
 ## test: lint, unit tests, real-VM tests (verify of the whole suite, the fault matrix), real-model tests,
 ## on TEST_WORKERS pytest workers (the long tests first, the rest filled around them)
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" -n $(TEST_WORKERS) --dist worksteal --durations=25 $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not soak" -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 ## test-fast: tests/unit, what needs neither a VM nor a model (nor a browser or a wheel build)
 test-fast: setup

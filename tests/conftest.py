@@ -311,7 +311,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark each test by its folder; a test under ``unit/`` marked as needing more is an error.
 
     Tests marked ``long(minutes=N)`` are moved to the front, longest first: ``make test`` runs
-    on two workers (pytest-xdist, ``--dist worksteal``), and a long test started first is filled
+    on two workers (pytest-xdist, ``--dist loadfile``), and a long test's file started first is filled
     around by the other worker, where one started last would run alone at the end.
     """
     def minutes(item: pytest.Item) -> float:

@@ -28,10 +28,11 @@ import os
 import selectors
 import shutil
 import socket
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from runner.backends.process import socket_dir
 
 log = logging.getLogger("rootbench.vm")
 MAX_FRAME = 65536
@@ -55,7 +56,7 @@ class Lan:
     """A hub with ``ports`` ports; a context manager (the thread and sockets end on exit)."""
 
     def __init__(self, ports: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="rb-lan-"))
+        self.dir = socket_dir("rb-lan-")
         os.chmod(self.dir, 0o700)
         self.ports = ports
         self.frames = 0  # relayed so far (tests read it)

@@ -13,10 +13,31 @@ import logging
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from runner.core.errors import InfraError
+
+# Linux caps a Unix socket's path at 108 bytes with its NUL; the longest name put in a socket
+# directory ("console.sock", "nowhere.sock") is 12, and a margin keeps room for more.
+_SOCKET_PATH_MAX = 107
+_SOCKET_NAME_ROOM = 16
+
+
+def socket_dir(prefix: str) -> Path:
+    """A new private directory (0700) for Unix sockets, made where every socket in it fits the
+    path cap: under the temporary directory (``TMPDIR``) when its path is short enough, else
+    under ``/tmp``. A user's or a test worker's long ``TMPDIR`` must not make QEMU's
+    console and QMP sockets unreachable. The caller removes it."""
+    fits = _SOCKET_PATH_MAX - _SOCKET_NAME_ROOM
+    for parent in (tempfile.gettempdir(), "/tmp"):
+        if len(parent) + 1 + len(prefix) + 8 <= fits:  # mkdtemp adds 8 random characters
+            made = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            if len(str(made)) <= fits:
+                return made
+            made.rmdir()
+    raise InfraError(f"no directory short enough for Unix sockets (TMPDIR={tempfile.gettempdir()!r})")
 
 
 def free_port() -> int:

@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from runner.backends.cachedir import cache_dir
 from runner.backends.images import BuiltImage
 from runner.backends.lan import LanPort
-from runner.backends.process import die_with_parent, end_process, free_ports
+from runner.backends.process import die_with_parent, end_process, free_ports, socket_dir
 from runner.core.errors import VMError
 from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.waiting import wait_until
@@ -183,7 +182,7 @@ class Qemu:
         self.disks = tuple(disks)
         self.accel = accel
         # Unix socket paths are capped at 108 bytes, so sockets live in a short private dir.
-        self.sock_dir = Path(tempfile.mkdtemp(prefix="rb-"))
+        self.sock_dir = socket_dir("rb-")
         try:
             self._launch(image, disk, accel, workdir, ram, incoming, paused)
         except BaseException:

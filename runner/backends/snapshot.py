@@ -32,7 +32,6 @@ import logging
 import os
 import shlex
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ from runner.backends.cachedir import cache_dir, file_lock
 from runner.backends.framing import helper_digest
 from runner.backends.images import BuiltImage, ExtraDisk
 from runner.backends.lan import LanPort
+from runner.backends.process import socket_dir
 from runner.backends.qemu import KvmUnusable, Qemu, machine_digest, make_overlay, qemu_version
 from runner.backends.serial import SerialGuest
 from runner.core.errors import GuestDown, VMError
@@ -156,7 +156,7 @@ def dead_end_lan(lan: bool) -> Iterator[LanPort | None]:
     if not lan:
         yield None
         return
-    d = Path(tempfile.mkdtemp(prefix="rb-lan-"))
+    d = socket_dir("rb-lan-")
     try:
         yield LanPort(d / "m.sock", d / "nowhere.sock", SNAPSHOT_LAN_MAC)
     finally:

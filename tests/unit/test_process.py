@@ -13,8 +13,10 @@ import fcntl
 import gc
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import warnings
@@ -198,3 +200,24 @@ def test_free_ports_are_distinct() -> None:
     for _ in range(20):
         ports = free_ports(3)
         assert len(set(ports)) == 3 and all(1 <= p <= 65535 for p in ports)
+
+
+def test_socket_dirs_fit_the_unix_path_cap_under_any_tmpdir(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long TMPDIR (a test worker's, a user's) must not make QEMU's sockets unreachable."""
+    from runner.backends.process import socket_dir
+
+    short = tmp_path / "s"
+    short.mkdir()
+    deep = tmp_path / ("x" * 60) / ("y" * 40)
+    deep.mkdir(parents=True)
+    for tmpdir, under in ((short, short), (deep, Path("/tmp"))):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+        made = socket_dir("rb-")
+        try:
+            assert made.parent == under and (made.stat().st_mode & 0o777) == 0o700
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind(str(made / "console.sock"))  # fits: binding would raise OSError if not
+        finally:
+            shutil.rmtree(made)
+    assert len(str(deep / "rb-12345678" / "console.sock")) > 107  # the long one would not fit

@@ -214,7 +214,9 @@ def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
                             "--record-mode", "none", "--runs-dir", str(tmp_path / "runs"),
                             env=env, timeout=300)
         assert r.returncode == 2, r.stderr
-        found, refused = r.stderr.strip().splitlines()
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 2, r.stderr
+        found, refused = lines
         assert found.startswith("[bench] --ray-address auto: ") and found.endswith(f":{port}")
         assert refused.startswith("rootbench: --record-mode: --record-mode none needs a "), refused
         assert not (tmp_path / "runs").exists()
