@@ -81,6 +81,9 @@ BUILD_FIGURES = "~5 min on 2 idle cores, peak ~1.1 GiB"
 GIB_PER_JOB = 1.5  # the largest compiler measured 628 MiB; the rest is headroom for the machine
 HEALTH_TIMEOUT = 180.0
 DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
+# llama-server's threads (-t) unless told: the development machine has 2 cores and more threads
+# than cores only contend. ``--jobs auto`` leaves these cores to the model (executors.auto_jobs).
+DEFAULT_THREADS = 2
 
 
 def build_dir() -> Path:
@@ -346,7 +349,7 @@ class LlamaServer:
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
-        self.threads = threads or 2  # the machine has 2 cores; more threads only contend
+        self.threads = threads or DEFAULT_THREADS
         if parallel < 1:
             raise ValueError(f"parallel must be at least 1, not {parallel}")
         self.parallel = parallel
