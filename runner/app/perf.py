@@ -33,6 +33,8 @@ from runner.backends.llama import (
     DEFAULT_MODEL,
     DEFAULT_THREADS,
     LlamaServer,
+    _binary_in,
+    build_dir,
     ensure_llama_server,
     fetch_model,
 )
@@ -399,6 +401,8 @@ PRIORITY_CONDITIONS = ("none", "idle", "busy", "busy-nice-off")
 # shared, and its other load drifts; interleaved turn by turn, the drift falls on every
 # condition alike. The guests not being timed are stopped (SIGSTOP) meanwhile.
 PRIORITY_ROUNDS = 4
+# Timed again on a llama-server with one thread fewer than the bench's (see priority_figures).
+FEWER_THREADS_CONDITIONS = ("none", "busy")
 BUSY_LOOP = "systemd-run --quiet --unit=perf-busy-loop /bin/sh -c 'while :; do :; done'"
 
 
@@ -453,7 +457,8 @@ def _guest_for(condition: str, accel: str, stack: contextlib.ExitStack) -> Sandb
 
 def priority_figures(accel: str = "auto", model_name: str | None = None,
                      conditions: tuple[str, ...] = PRIORITY_CONDITIONS,
-                     rounds: int = PRIORITY_ROUNDS) -> dict[str, Any]:
+                     rounds: int = PRIORITY_ROUNDS,
+                     fewer_threads: tuple[str, ...] = FEWER_THREADS_CONDITIONS) -> dict[str, Any]:
     """Issue #30, the model first: the model's speed with no guest running, beside an idle
     guest, a busy guest (QEMU at :func:`~runner.backends.process.guest_nice`) and a busy guest
     at the model's own priority, in one run on one llama-server with the bench's threads.
@@ -461,47 +466,91 @@ def priority_figures(accel: str = "auto", model_name: str | None = None,
     The no-guest figures are the reference (the server's own timings on a fixed, bench-shaped
     turn); each ratio is a condition's tokens/s over the reference's. ``*_cpu`` is QEMU's CPU
     time over the wall time of its turns: how much of a core the guest got beside the model.
+    ``fewer_threads``: the conditions also timed on a second server with one thread fewer
+    (``threadsN_*``), interleaved with the rest: llama.cpp's threads wait for each other at
+    every step, so on a machine with no core to spare one thread held up by another process
+    holds up all of them, and fewer threads than cores can be the faster.
     """
     name = model_name or DEFAULT_MODEL
     binary = ensure_llama_server()
     gguf = fetch_model(name)
-    turns_of: dict[str, list[dict[str, float]]] = {c: [] for c in conditions}
-    cpu: dict[str, list[float]] = {c: [] for c in conditions}
+    fewer = DEFAULT_THREADS - 1
+    plan = [(DEFAULT_THREADS, c) for c in conditions]
+    plan += [(fewer, c) for c in fewer_threads if fewer >= 1 and c in conditions]
+    turns_of: dict[tuple[int, str], list[dict[str, float]]] = {p: [] for p in plan}
+    cpu: dict[tuple[int, str], list[float]] = {p: [] for p in plan}
     counter = 0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        server = stack.enter_context(LlamaServer(binary, gguf, Path(tmp) / "llama.log"))
-        _bench_turn(server.endpoint, name, -1)  # the shared prefix into the cache, not timed
+        servers = {t: stack.enter_context(LlamaServer(binary, gguf, Path(tmp) / f"llama{t}.log",
+                                                      threads=t))
+                   for t in sorted({t for t, _ in plan}, reverse=True)}
+        for server in servers.values():
+            _bench_turn(server.endpoint, name, -1)  # the shared prefix into the cache, not timed
         boxes = {c: _guest_for(c, accel, stack) for c in conditions if c != "none"}
         for r in range(rounds):
             log.info("model speed beside each guest, round %d of %d", r + 1, rounds)
-            for condition in conditions if r % 2 == 0 else reversed(conditions):
+            for threads, condition in plan if r % 2 == 0 else reversed(plan):
                 pid = boxes[condition].pid if condition in boxes else None
                 if pid:
                     os.kill(pid, signal.SIGCONT)
                     time.sleep(0.3)  # the guest running again before the model is asked
                 t0, c0 = time.monotonic(), _cpu_seconds(pid) if pid else 0.0
                 counter += 1
-                turns_of[condition].append(_bench_turn(server.endpoint, name, counter))
+                turns_of[threads, condition].append(
+                    _bench_turn(servers[threads].endpoint, name, counter))
                 if pid:
-                    cpu[condition].append((_cpu_seconds(pid) - c0) / (time.monotonic() - t0))
+                    cpu[threads, condition].append((_cpu_seconds(pid) - c0) / (time.monotonic() - t0))
                     os.kill(pid, signal.SIGSTOP)
         nice = {c: b.info.guest_nice for c, b in boxes.items()}
-    rates = {c: _rates(t) for c, t in turns_of.items()}
-    ref_prompt, ref_gen = rates.get("none", (None, None))
+    rates = {p: _rates(t) for p, t in turns_of.items()}
+    ref_prompt, ref_gen = rates.get((DEFAULT_THREADS, "none"), (None, None))
     out: dict[str, Any] = {"model": name, "model_threads": DEFAULT_THREADS,
                            "guest_nice": nice.get("busy", guest_nice()),
                            "ref_prompt_tps": ref_prompt, "ref_gen_tps": ref_gen,
                            "priority_turns": counter}
-    labels = {"idle": "idle_guest", "busy": "busy_guest", "busy-nice-off": "busy_guest_nice_off"}
-    for condition, label in labels.items():
-        if condition not in rates:
-            continue
-        prompt, gen = rates[condition]
+    labels = {"none": "ref", "idle": "idle_guest", "busy": "busy_guest",
+              "busy-nice-off": "busy_guest_nice_off"}
+    for (threads, condition), (prompt, gen) in rates.items():
+        prefix = "" if threads == DEFAULT_THREADS else f"threads{threads}_"
+        label = prefix + labels[condition]
         out[f"{label}_prompt_tps"], out[f"{label}_gen_tps"] = prompt, gen
-        out[f"{label}_prompt_ratio"] = ratio(prompt, ref_prompt)
-        out[f"{label}_gen_ratio"] = ratio(gen, ref_gen)
-        out[f"{label}_cpu"] = median_or_none(cpu[condition])
+        if condition != "none":
+            own_prompt, own_gen = rates.get((threads, "none"), (None, None))
+            out[f"{label}_prompt_ratio"] = ratio(prompt, own_prompt)
+            out[f"{label}_gen_ratio"] = ratio(gen, own_gen)
+            out[f"{label}_cpu"] = median_or_none(cpu[threads, condition])
+        if prefix:  # against the bench's own threads in the same condition
+            base = rates.get((DEFAULT_THREADS, condition), (None, None))[1]
+            out[f"{label}_gen_vs_{DEFAULT_THREADS}_threads"] = ratio(gen, base)
     return out
+
+
+def build_figures(model_name: str | None = None, rounds: int = PRIORITY_ROUNDS) -> dict[str, Any]:
+    """Issue #30: the native llama-server build (``ROOTBENCH_LLAMA_NATIVE=1``, this CPU's own
+    instructions) against the portable one, the bench's threads, no guest, turns interleaved.
+    Measured only when the native build is in the cache (perf never starts a ~10 min build)."""
+    native = _binary_in(build_dir(True))
+    if not native.is_file():
+        return {"native_note": "no native llama-server build in the cache "
+                               "(ROOTBENCH_LLAMA_NATIVE=1 rootbench model setup builds it)"}
+    name = model_name or DEFAULT_MODEL
+    gguf = fetch_model(name)
+    binaries = {"portable": ensure_llama_server(native=False), "native": native}
+    turns: dict[str, list[dict[str, float]]] = {k: [] for k in binaries}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = {k: stack.enter_context(LlamaServer(b, gguf, Path(tmp) / f"{k}.log"))
+                   for k, b in binaries.items()}
+        for server in servers.values():
+            _bench_turn(server.endpoint, name, -1)
+        counter = 0
+        for r in range(rounds):
+            for k in binaries if r % 2 == 0 else reversed(list(binaries)):
+                counter += 1
+                turns[k].append(_bench_turn(servers[k].endpoint, name, counter))
+    (pp, pg), (np_, ng) = _rates(turns["portable"]), _rates(turns["native"])
+    return {"portable_prompt_tps": pp, "portable_gen_tps": pg, "native_prompt_tps": np_,
+            "native_gen_tps": ng, "native_prompt_ratio": ratio(np_, pp),
+            "native_gen_ratio": ratio(ng, pg)}
 
 
 # The default ``make bench``: the default model, its default protocol, no hints.
@@ -583,6 +632,7 @@ def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
             figures.update(measure_speed(model_name))
             if vm:
                 figures.update(priority_figures(figures.get("accel", accel), model_name))
+            figures.update(build_figures(model_name))
         except RootbenchError as exc:
             figures["model_note"] = f"model figures skipped: {str(exc).splitlines()[0][:160]}"
         figures["bench_prompt_share"] = ratio(figures.get("bench_prompt_tps"),

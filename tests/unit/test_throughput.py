@@ -13,6 +13,13 @@ import pytest
 
 from runner.app.executors import MAX_JOBS, jobs_limits
 from runner.app.perf import BENCH_RECORDINGS, recorded_bench_figures, render
+from runner.backends.llama import (
+    NATIVE_ENV,
+    NATIVE_OPTIONS,
+    build_dir,
+    cpu_flags_digest,
+    native_wanted,
+)
 from runner.backends.process import GUEST_NICE, GUEST_NICE_ENV, guest_nice, lowered
 from runner.backends.sandbox import Sandbox
 from runner.core.errors import InvalidInput
@@ -157,3 +164,18 @@ def test_jobs_auto_leaves_the_model_its_cores() -> None:
     assert limits["memory"] == 3 and min(limits.values()) == 3
     assert jobs_limits(4, plenty, server_slots=2)["the server's slots"] == 2
     assert jobs_limits(4, plenty)["the server's slots"] == MAX_JOBS
+
+
+def test_a_native_build_is_keyed_by_the_cpu_flags() -> None:
+    """Another CPU (another flag set, in any order) gets a build of its own; this one's key is
+    stable, and the native build's folder is never the portable one's."""
+    a = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\nbugs\t\t: spectre\n"
+    b = "processor\t: 0\nflags\t\t: avx512f avx2 sse2 fpu\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert cpu_flags_digest(a) == cpu_flags_digest(b)  # a set: order and repeats do not count
+    assert cpu_flags_digest(a) != cpu_flags_digest(a.replace(" avx512f", ""))
+    assert cpu_flags_digest() == cpu_flags_digest(Path("/proc/cpuinfo").read_text())
+    native = build_dir(native=True)
+    assert native != build_dir() and f"-native-cpu{cpu_flags_digest()}-" in native.name
+    assert NATIVE_OPTIONS[0] == "-DGGML_NATIVE=ON" and "-DGGML_AVX2=ON" not in NATIVE_OPTIONS
+    assert native_wanted({NATIVE_ENV: "1"}) and native_wanted({NATIVE_ENV: " Yes"})
+    assert not native_wanted({}) and not native_wanted({NATIVE_ENV: "0"})
