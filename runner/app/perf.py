@@ -569,7 +569,11 @@ def recorded_bench_figures(folder: Path = BENCH_RECORDINGS) -> dict[str, Any]:
     total = sum(splits, WallSplit(0.0, 0.0, 0.0))
     shares = total.shares()
     rates = recorded_rates(e for c in cassettes for e in c.events)
+    # Episode by episode: how far the model's speed moved within one bench (the machine's
+    # other load moves it; see priority_figures on threads).
+    per_episode = [g for g in (recorded_rates(c.events).gen_tps for c in cassettes) if g is not None]
     return {"bench_episodes": len(cassettes),
+            "bench_gen_tps_range": [min(per_episode), max(per_episode)] if per_episode else None,
             "bench_episodes_per_hour": episodes_per_hour(s.wall for s in splits),
             "bench_wall_s": round(total.wall, 1),
             "bench_model_share": shares["model"], "bench_guest_share": shares["guest"],

@@ -118,6 +118,8 @@ def test_the_committed_default_bench_adds_up(monkeypatch: pytest.MonkeyPatch) ->
     assert abs(sum(shares) - 1.0) < 0.01 and all(0 < s < 1 for s in shares)
     assert figures["bench_episodes_per_hour"] == round(count * 3600 / figures["bench_wall_s"], 1)
     assert figures["bench_prompt_tps"] > 0 and figures["bench_gen_tps"] > 0
+    low, high = figures["bench_gen_tps_range"]  # the bench's rate is a weighted mean of its episodes'
+    assert 0 < low <= figures["bench_gen_tps"] <= high
     assert "bench_note" in recorded_bench_figures(REPO / "no-such-folder")
 
 
