@@ -81,11 +81,11 @@ from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
     DEFAULT_CTX_SIZE,
     DEFAULT_MODEL,
-    DEFAULT_THREADS,
     MODELS,
     describe_setup,
     ensure_llama_server,
     fetch_model,
+    model_threads,
 )
 from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.process import guest_nice
@@ -543,7 +543,7 @@ def _executor(args: argparse.Namespace, choices: list[AgentChoice]) -> Executor:
         serving = [c for c in choices if c.kind is AgentKind.MODEL and not c.endpoint]
         reserve = max((_model_mib(c) for c in serving), default=0)
         jobs, why = auto_jobs(server_slots=_server_slots(choices), reserve_mib=reserve,
-                              model_threads=DEFAULT_THREADS if serving else 0)
+                              model_threads=model_threads() if serving else 0)
         logging.getLogger("rootbench.bench").info("--jobs auto: %s", why)
     return make_local(jobs)
 
@@ -561,6 +561,7 @@ def _preflight(args: argparse.Namespace, choices: list[AgentChoice], scenarios: 
     VM restored, no model asked until every path it writes is writable, a resume matches its
     run, every recording ``--record-mode none`` needs is there, and the endpoint answers."""
     guest_nice()  # $ROOTBENCH_GUEST_NICE is read by every VM start: a bad one is refused here
+    model_threads()  # and $ROOTBENCH_MODEL_THREADS by every llama-server start
     if resume is not None:
         check_writable_dir(resume, "--resume")
     else:

@@ -31,12 +31,12 @@ from runner.backends.fleet import Fleet
 from runner.backends.images import ensure_image
 from runner.backends.llama import (
     DEFAULT_MODEL,
-    DEFAULT_THREADS,
     LlamaServer,
     _binary_in,
     build_dir,
     ensure_llama_server,
     fetch_model,
+    model_threads,
 )
 from runner.backends.openai import OpenAIModel
 from runner.backends.process import guest_nice
@@ -474,8 +474,9 @@ def priority_figures(accel: str = "auto", model_name: str | None = None,
     name = model_name or DEFAULT_MODEL
     binary = ensure_llama_server()
     gguf = fetch_model(name)
-    fewer = DEFAULT_THREADS - 1
-    plan = [(DEFAULT_THREADS, c) for c in conditions]
+    bench_threads = model_threads()
+    fewer = bench_threads - 1
+    plan = [(bench_threads, c) for c in conditions]
     plan += [(fewer, c) for c in fewer_threads if fewer >= 1 and c in conditions]
     turns_of: dict[tuple[int, str], list[dict[str, float]]] = {p: [] for p in plan}
     cpu: dict[tuple[int, str], list[float]] = {p: [] for p in plan}
@@ -503,15 +504,15 @@ def priority_figures(accel: str = "auto", model_name: str | None = None,
                     os.kill(pid, signal.SIGSTOP)
         nice = {c: b.info.guest_nice for c, b in boxes.items()}
     rates = {p: _rates(t) for p, t in turns_of.items()}
-    ref_prompt, ref_gen = rates.get((DEFAULT_THREADS, "none"), (None, None))
-    out: dict[str, Any] = {"model": name, "model_threads": DEFAULT_THREADS,
+    ref_prompt, ref_gen = rates.get((bench_threads, "none"), (None, None))
+    out: dict[str, Any] = {"model": name, "model_threads": bench_threads,
                            "guest_nice": nice.get("busy", guest_nice()),
                            "ref_prompt_tps": ref_prompt, "ref_gen_tps": ref_gen,
                            "priority_turns": counter}
     labels = {"none": "ref", "idle": "idle_guest", "busy": "busy_guest",
               "busy-nice-off": "busy_guest_nice_off"}
     for (threads, condition), (prompt, gen) in rates.items():
-        prefix = "" if threads == DEFAULT_THREADS else f"threads{threads}_"
+        prefix = "" if threads == bench_threads else f"threads{threads}_"
         label = prefix + labels[condition]
         out[f"{label}_prompt_tps"], out[f"{label}_gen_tps"] = prompt, gen
         if condition != "none":
@@ -520,8 +521,8 @@ def priority_figures(accel: str = "auto", model_name: str | None = None,
             out[f"{label}_gen_ratio"] = ratio(gen, own_gen)
             out[f"{label}_cpu"] = median_or_none(cpu[threads, condition])
         if prefix:  # against the bench's own threads in the same condition
-            base = rates.get((DEFAULT_THREADS, condition), (None, None))[1]
-            out[f"{label}_gen_vs_{DEFAULT_THREADS}_threads"] = ratio(gen, base)
+            base = rates.get((bench_threads, condition), (None, None))[1]
+            out[f"{label}_gen_vs_{bench_threads}_threads"] = ratio(gen, base)
     return out
 
 

@@ -90,7 +90,26 @@ HEALTH_TIMEOUT = 180.0
 DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
 # llama-server's threads (-t) unless told: the development machine has 2 cores and more threads
 # than cores only contend. ``--jobs auto`` leaves these cores to the model (executors.auto_jobs).
+# On a machine other work shares, fewer threads than cores can be much the faster (llama.cpp's
+# threads wait for each other at every step: `rootbench perf` prints threads1_* beside the
+# rest); $ROOTBENCH_MODEL_THREADS sets it for every llama-server rootbench starts.
 DEFAULT_THREADS = 2
+THREADS_ENV = "ROOTBENCH_MODEL_THREADS"
+
+
+def model_threads(env: Mapping[str, str] | None = None) -> int:
+    """The threads of a llama-server rootbench starts: ``$ROOTBENCH_MODEL_THREADS`` (1 to 256)
+    or :data:`DEFAULT_THREADS`."""
+    raw = (os.environ if env is None else env).get(THREADS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_THREADS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise InvalidInput(f"must be a whole number from 1 to 256, not {raw!r}", field=THREADS_ENV)
+    return value
 
 
 def cpu_flags_digest(cpuinfo: str | None = None) -> str:
@@ -383,7 +402,7 @@ class LlamaServer:
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
-        self.threads = threads or DEFAULT_THREADS
+        self.threads = threads or model_threads()
         if parallel < 1:
             raise ValueError(f"parallel must be at least 1, not {parallel}")
         self.parallel = parallel
@@ -499,6 +518,7 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
         "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx", server.ctx_size),
         "total_slots": props.get("total_slots"),
+        "threads": server.threads,
     }
 
 

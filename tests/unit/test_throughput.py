@@ -14,10 +14,14 @@ import pytest
 from runner.app.executors import MAX_JOBS, jobs_limits
 from runner.app.perf import BENCH_RECORDINGS, recorded_bench_figures, render
 from runner.backends.llama import (
+    DEFAULT_THREADS,
     NATIVE_ENV,
     NATIVE_OPTIONS,
+    THREADS_ENV,
+    LlamaServer,
     build_dir,
     cpu_flags_digest,
+    model_threads,
     native_wanted,
 )
 from runner.backends.process import GUEST_NICE, GUEST_NICE_ENV, guest_nice, lowered
@@ -181,3 +185,15 @@ def test_a_native_build_is_keyed_by_the_cpu_flags() -> None:
     assert NATIVE_OPTIONS[0] == "-DGGML_NATIVE=ON" and "-DGGML_AVX2=ON" not in NATIVE_OPTIONS
     assert native_wanted({NATIVE_ENV: "1"}) and native_wanted({NATIVE_ENV: " Yes"})
     assert not native_wanted({}) and not native_wanted({NATIVE_ENV: "0"})
+
+
+def test_the_model_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert model_threads({}) == DEFAULT_THREADS == 2 and model_threads({THREADS_ENV: "1"}) == 1
+    for bad in ("0", "257", "two", "-1"):
+        with pytest.raises(InvalidInput, match="from 1 to 256") as err:
+            model_threads({THREADS_ENV: bad})
+        assert err.value.field == THREADS_ENV
+    monkeypatch.setenv(THREADS_ENV, "1")
+    server = LlamaServer(Path("llama-server"), Path("m.gguf"), Path("log"))
+    assert server.threads == 1  # what every llama-server rootbench starts is given (-t)
+    assert LlamaServer(Path("llama-server"), Path("m.gguf"), Path("log"), threads=3).threads == 3
