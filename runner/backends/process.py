@@ -24,12 +24,15 @@ from runner.core.errors import InfraError, InvalidInput
 # The model first: every QEMU runs this many nice levels below rootbench (and so below the
 # llama-server it starts, which runs at rootbench's own priority). Under TCG a guest that keeps
 # its vCPU busy (cpu-hog's fault, a runaway loop an agent starts) takes a whole core; at the
-# same priority it took half the model's speed on 2 cores, so the scenario's own fault changed
-# how many tokens fit in the model's time budget. At +10 the kernel gives the vCPU about a
-# tenth of the weight of a model thread when both want a core (CFS weights 110 against 1024),
-# and the whole core when the model waits for the guest, as it does between turns. The guest's
-# commands therefore cost what they did whenever the model is not generating. `rootbench perf`
-# measures it (busy_guest_gen_ratio); ROOTBENCH_GUEST_NICE=0 turns it off.
+# same priority it took 0.4-0.5 of a core from the model on 2 cores and about half its speed,
+# so the scenario's own fault changed how many tokens fit in the model's time budget. At +10
+# the kernel gives the vCPU about a tenth of a model thread's weight when both want a core (CFS
+# weights 110 against 1024; measured 0.07-0.14 of a core), and the whole core when the model
+# waits for the guest, as it does between turns: the guest's commands cost what they did
+# whenever the model is not generating. Nice values compare within one session (autogroup),
+# where rootbench's QEMUs and llama-server are. With as many model threads as cores even that
+# tenth can stall the model's threads (see llama.DEFAULT_THREADS). `rootbench perf` measures
+# it (busy_guest_gen_ratio); ROOTBENCH_GUEST_NICE=0 turns it off.
 GUEST_NICE = 10
 GUEST_NICE_ENV = "ROOTBENCH_GUEST_NICE"
 
