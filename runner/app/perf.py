@@ -83,9 +83,10 @@ TARGETS: dict[str, tuple[float, str, str]] = {
     "busy_guest_gen_ratio": (0.9, "min", "a busy guest costs the model's generation at most 10%"),
     "busy_guest_prompt_ratio": (0.9, "min", "a busy guest costs the model's prompt at most 10%"),
     "idle_guest_gen_ratio": (0.9, "min", "an idle guest costs the model's generation at most 10%"),
-    # Issue #30: the bench's model as fast as the server alone on this machine.
-    "bench_prompt_share": (0.9, "min", "in-bench prompt tokens/s at least 90% of the reference"),
-    "bench_gen_share": (0.9, "min", "in-bench generation tokens/s at least 90% of the reference"),
+    # Issue #30 also asks in-bench tokens/s at >= 90% of the reference. bench_*_share compares
+    # the committed cassettes (recorded at another hour, under that hour's load) with this
+    # run's reference, so it carries no target: an "ok" or "MISSED" on it would say nothing
+    # about this machine (measured: 1.55 to 11 at load 4-7, where a quiet reference gives ~0.15).
 }
 # A target missed is explained by the measured floor under it: (target, why, the figures it
 # names). render() prints the line under a missed target when those figures are present.
