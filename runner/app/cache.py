@@ -53,8 +53,9 @@ def _size(path: Path) -> int:
 
 def _current() -> set[Path]:
     """The cache paths today's inputs name (built or not)."""
-    llama = build_dir()
-    keep = {llama, llama.with_name(llama.name + ".build.log"), *(model_path(name) for name in MODELS)}
+    keep = {model_path(name) for name in MODELS}
+    for llama in (build_dir(), build_dir(native=True)):  # the native one: for this CPU's flags
+        keep.update((llama, llama.with_name(llama.name + ".build.log")))
     have_qemu = shutil.which("qemu-system-x86_64") is not None  # snapshot keys name its version
     for name in recipe_names():
         keep.add(image_dir(load_recipe(name)))

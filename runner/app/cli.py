@@ -85,8 +85,10 @@ from runner.backends.llama import (
     describe_setup,
     ensure_llama_server,
     fetch_model,
+    model_threads,
 )
 from runner.backends.openai import check_endpoint, check_reachable, server_props
+from runner.backends.process import guest_nice
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
 from runner.core import layout
@@ -301,6 +303,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="skip timing verify --jobs 2 of the whole suite (minutes)")
     p.add_argument("--model", default=None, help="named model for the model figures")
+    p.add_argument("--model-only", action="store_true",
+                   help="only the model's figures: its reference speed, beside idle and busy "
+                        "guests (restored VMs, no oracle bench), and the recorded bench's "
+                        "throughput (a few minutes)")
     _vm_args(p)
 
     p = sub.add_parser("cache", help="what the per-user cache holds; --prune removes what is no longer used")
@@ -552,7 +558,8 @@ def _executor(args: argparse.Namespace, choices: list[AgentChoice]) -> Executor:
     if jobs is None:
         serving = [c for c in choices if c.kind is AgentKind.MODEL and not c.endpoint]
         reserve = max((_model_mib(c) for c in serving), default=0)
-        jobs, why = auto_jobs(server_slots=_server_slots(choices), reserve_mib=reserve)
+        jobs, why = auto_jobs(server_slots=_server_slots(choices), reserve_mib=reserve,
+                              model_threads=model_threads() if serving else 0)
         logging.getLogger("rootbench.bench").info("--jobs auto: %s", why)
     return make_local(jobs)
 
@@ -569,6 +576,8 @@ def _preflight(args: argparse.Namespace, choices: list[AgentChoice], scenarios: 
     """Everything a bench could be refused for, before any work: no run directory is made, no
     VM restored, no model asked until every path it writes is writable, a resume matches its
     run, every recording ``--record-mode none`` needs is there, and the endpoint answers."""
+    guest_nice()  # $ROOTBENCH_GUEST_NICE is read by every VM start: a bad one is refused here
+    model_threads()  # and $ROOTBENCH_MODEL_THREADS by every llama-server start
     if resume is not None:
         check_dir_target(resume, "--resume")
     else:
@@ -817,7 +826,8 @@ def cmd_perf(args: argparse.Namespace) -> int:
         _err("rootbench perf: --json is deprecated; use --format json")
         args.format = "json"
     figures = measure(vm=not args.no_vm, model=not args.no_model, accel=args.accel,
-                      model_name=args.model, scale=not args.no_scale, verify=not args.no_verify)
+                      model_name=args.model, scale=not args.no_scale, verify=not args.no_verify,
+                      harness=not args.model_only)
     _out(json.dumps(figures, sort_keys=True) if args.format == "json" else render(figures))
     return 0
 

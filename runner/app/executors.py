@@ -16,8 +16,9 @@ writes the run directory. Three executors share that interface:
 - ``runner.app.ray_executor.RayExecutor`` (``--executor ray``): the same jobs
   as Ray tasks on a cluster.
 
-:func:`auto_jobs` sizes ``--jobs auto`` from this host's cores, its free memory
-and the model server's slots.
+:func:`auto_jobs` sizes ``--jobs auto`` from this host's cores (less those a model
+server rootbench starts keeps for its threads), its free memory and the model
+server's slots.
 """
 
 from __future__ import annotations
@@ -293,24 +294,44 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def auto_jobs(*, server_slots: int | None = None, reserve_mib: int = 0) -> tuple[int, str]:
+def jobs_limits(cores: int, available_mib: int, *, server_slots: int | None = None,
+                reserve_mib: int = 0, model_threads: int = 0) -> dict[str, int]:
+    """What bounds ``--jobs auto``, each bound by name: the smallest wins (see :func:`auto_jobs`).
+
+    ``model_threads``: the threads of a llama-server rootbench starts for the bench. Under TCG
+    a busy guest keeps a core busy, and the model comes first (its server runs above every
+    QEMU, :data:`~runner.backends.process.GUEST_NICE`): the guests get the cores the model's
+    threads leave, at least one, so a guest is never left to run only in the model's pauses.
+    """
+    by_memory = max(1, (available_mib - RESERVE_MIB - reserve_mib) // EPISODE_MIB)
+    limits = {"cores": cores, "memory": by_memory, "the server's slots": server_slots or MAX_JOBS,
+              "the cap": MAX_JOBS}
+    if model_threads:
+        limits["cores the model leaves"] = max(1, cores - model_threads)
+    return limits
+
+
+def auto_jobs(*, server_slots: int | None = None, reserve_mib: int = 0,
+              model_threads: int = 0) -> tuple[int, str]:
     """``--jobs auto``: how many episodes at once this host can take, and why, in one line.
 
     The smallest of: the host's cores (under TCG a busy guest keeps one core
-    busy), the VMs its available memory holds at :data:`EPISODE_MIB` each
-    after :data:`RESERVE_MIB` and ``reserve_mib`` (a model server rootbench
-    starts), and ``server_slots`` (an ``--endpoint`` server's parallel slots,
-    when it says; a llama-server rootbench starts is given as many as asked).
+    busy) or, with a model server rootbench starts, the cores its
+    ``model_threads`` leave (at least one); the VMs its available memory holds
+    at :data:`EPISODE_MIB` each after :data:`RESERVE_MIB` and ``reserve_mib``
+    (that model server); and ``server_slots`` (an ``--endpoint`` server's
+    parallel slots, when it says; a llama-server rootbench starts is given as
+    many as asked).
     """
     cores = host_cores()
     free = _available_mib()
-    by_memory = max(1, (free - RESERVE_MIB - reserve_mib) // EPISODE_MIB)
-    limits = {"cores": cores, "memory": by_memory, "the server's slots": server_slots or MAX_JOBS,
-              "the cap": MAX_JOBS}
+    limits = jobs_limits(cores, free, server_slots=server_slots, reserve_mib=reserve_mib,
+                         model_threads=model_threads)
     jobs = max(1, min(limits.values()))
     by = min(limits, key=lambda k: limits[k])
-    why = (f"{jobs} ({cores} cores; {free} MiB available holds {by_memory} episodes at "
-           f"{EPISODE_MIB} MiB each"
+    why = (f"{jobs} ({cores} cores"
+           + (f", {model_threads} of them the model's" if model_threads else "")
+           + f"; {free} MiB available holds {limits['memory']} episodes at {EPISODE_MIB} MiB each"
            + (f"; the model server has {server_slots} slots" if server_slots else "")
            + f"; limited by {by})")
     return jobs, why

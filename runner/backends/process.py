@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
+import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from runner.core.errors import InfraError
+from runner.core.errors import InfraError, InvalidInput
+
+# The model first: every QEMU runs this many nice levels below rootbench (and so below the
+# llama-server it starts, which runs at rootbench's own priority). Under TCG a guest that keeps
+# its vCPU busy (cpu-hog's fault, a runaway loop an agent starts) takes a whole core; at the
+# same priority it took 0.4-0.5 of a core from the model on 2 cores and about half its speed,
+# so the scenario's own fault changed how many tokens fit in the model's time budget. At +10
+# the kernel gives the vCPU about a tenth of a model thread's weight when both want a core (CFS
+# weights 110 against 1024; measured 0.07-0.14 of a core), and the whole core when the model
+# waits for the guest, as it does between turns: the guest's commands cost what they did
+# whenever the model is not generating. Nice values compare within one session (autogroup),
+# where rootbench's QEMUs and llama-server are. With as many model threads as cores even that
+# tenth can stall the model's threads (see llama.DEFAULT_THREADS). `rootbench perf` measures
+# it (busy_guest_gen_ratio); ROOTBENCH_GUEST_NICE=0 turns it off.
+GUEST_NICE = 10
+GUEST_NICE_ENV = "ROOTBENCH_GUEST_NICE"
 
 # Linux caps a Unix socket's path at 108 bytes with its NUL; the longest name put in a socket
 # directory ("console.sock", "nowhere.sock") is 12, and a margin keeps room for more.
@@ -64,6 +82,35 @@ def die_with_parent() -> None:
     """``preexec_fn``: SIGKILL the child if rootbench itself dies, so nothing is orphaned."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def guest_nice(env: Mapping[str, str] | None = None) -> int:
+    """The nice increment for QEMU: :data:`GUEST_NICE`, or ``$ROOTBENCH_GUEST_NICE`` (0 to 19)."""
+    raw = (os.environ if env is None else env).get(GUEST_NICE_ENV, "").strip()
+    if not raw:
+        return GUEST_NICE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise InvalidInput(f"must be a whole number from 0 (off) to 19, not {raw!r}",
+                           field=GUEST_NICE_ENV)
+    return value
+
+
+def _lowered_child(nice: int) -> None:
+    """``preexec_fn``: :func:`die_with_parent`, then ``nice`` levels lower priority (in the
+    child before it runs QEMU, so every thread QEMU starts inherits it)."""
+    die_with_parent()
+    if nice:
+        with contextlib.suppress(OSError):  # raising one's own nice value is always allowed
+            os.nice(nice)
+
+
+def lowered(nice: int) -> Callable[[], None]:
+    """The ``preexec_fn`` for a child that dies with rootbench and runs ``nice`` levels below it."""
+    return functools.partial(_lowered_child, nice)
 
 
 def end_process(proc: subprocess.Popen[bytes], grace: float) -> None:

@@ -33,7 +33,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from runner.backends.cachedir import cache_dir
 from runner.backends.images import BuiltImage
 from runner.backends.lan import LanPort
-from runner.backends.process import die_with_parent, end_process, free_ports, socket_dir
+from runner.backends.process import end_process, free_ports, guest_nice, lowered, socket_dir
 from runner.core.errors import VMError
 from runner.core.machines import SNAPSHOT_LAN_MAC
 from runner.core.waiting import wait_until
@@ -170,14 +170,18 @@ class Qemu:
 
     def __init__(self, image: BuiltImage, disk: Path, accel: str, workdir: Path,
                  ram: RamFile | None, incoming: bool, *, paused: bool = False,
-                 lan: LanPort | None = None, disks: Sequence[Path] = ()) -> None:
+                 lan: LanPort | None = None, disks: Sequence[Path] = (),
+                 nice: int | None = None) -> None:
         """``ram``: the guest RAM in a file, shared (the golden boot) or copy-on-write (a
         template restore); None for ordinary anonymous RAM. ``incoming``: wait for
         ``migrate-incoming``. ``paused``: do not run the guest (``-S``), not even once an
         incoming migration has loaded it, so its state can be migrated on unchanged.
         ``lan``: the machine's port on its sandbox's private network (None: no second NIC).
-        ``disks``: this VM's overlay of each of the image's extra disks, in order."""
+        ``disks``: this VM's overlay of each of the image's extra disks, in order.
+        ``nice``: how many levels below rootbench QEMU runs (None: :func:`~runner.backends.
+        process.guest_nice`, the model first)."""
         self.workdir = workdir
+        self.nice = guest_nice() if nice is None else nice
         self.lan = lan
         self.disks = tuple(disks)
         self.accel = accel
@@ -217,10 +221,17 @@ class Qemu:
         self._log = self.log_path.open("wb")
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                                         stderr=subprocess.STDOUT,
+                                         preexec_fn=lowered(self.nice))
         except BaseException:
             self._log.close()
             raise
+        # Popen returns once QEMU was exec'd, so the preexec's nice is in place. What is
+        # recorded is the gap to rootbench as it came out: a rootbench already run at nice 19
+        # cannot put QEMU lower by nice (then 0, and the model is not first).
+        with contextlib.suppress(OSError):
+            self.nice = (os.getpriority(os.PRIO_PROCESS, self.proc.pid)
+                         - os.getpriority(os.PRIO_PROCESS, 0))
 
     def _connect_qmp(self, timeout: float) -> QEMUMonitorProtocol:
         """QMP, connected and negotiated, once QEMU has made its socket (it may die first)."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from runner.backends.images import BuiltImage, ensure_image
 from runner.backends.lan import LanPort
+from runner.backends.process import guest_nice
 from runner.backends.qemu import (
     KvmUnusable,
     Qemu,
@@ -75,6 +76,10 @@ class SandboxInfo:
     image: str
     image_sha256: str
     transport: str  # serial | ssh
+    # How many nice levels QEMU ran below rootbench and so below the model server it starts
+    # (process.GUEST_NICE, as far as rootbench's own nice value left room); 0: none.
+    # Absent from cassettes recorded before it existed.
+    guest_nice: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,12 +103,16 @@ class Sandbox:
     def __init__(self, image: str = "debian-12-nginx", *, accel: str = "auto",
                  transport: str = "serial", workdir: Path | str | None = None,
                  snapshot: bool = True, restore: str | None = None,
-                 snapshot_dir: Path | str | None = None, lan: LanPort | None = None) -> None:
+                 snapshot_dir: Path | str | None = None, lan: LanPort | None = None,
+                 nice: int | None = None) -> None:
         """``restore``: the first way to try (template, full-state, cold); ``snapshot=False``
         means cold. ``snapshot_dir``: restore from this golden snapshot instead of the
         cache's (tests point it at a damaged copy: the cached one is shared and read-only).
         ``lan``: this VM's port on a private network (one machine of a :class:`~runner.
-        backends.fleet.Fleet`): a second NIC, restored from the snapshot variant with one."""
+        backends.fleet.Fleet`): a second NIC, restored from the snapshot variant with one.
+        ``nice``: QEMU's nice levels below rootbench (None: ``$ROOTBENCH_GUEST_NICE`` or
+        :data:`~runner.backends.process.GUEST_NICE`; read here, so a bad value is refused
+        before any VM starts)."""
         if transport not in ("serial", "ssh"):
             raise InvalidInput(f"unknown transport {transport!r} (serial or ssh)", field="--transport")
         if accel not in ("auto", "kvm", "tcg"):
@@ -120,6 +129,7 @@ class Sandbox:
         self.restore = restore if snapshot else "cold"
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.lan = lan
+        self.nice = guest_nice() if nice is None else nice
         self.info: SandboxInfo
         self.guest: Guest
         self._q: Qemu | None = None
@@ -175,7 +185,7 @@ class Sandbox:
                                 ready_s=round(time.monotonic() - t0, 3),
                                 shell_s=round(self.shell_s, 3), qemu_version=qemu_version(),
                                 image=image.name, image_sha256=image.sha256,
-                                transport=self.transport)
+                                transport=self.transport, guest_nice=self._q.nice)
 
     def _boot(self, image: BuiltImage, accel: str) -> tuple[str, str | None]:
         """Down the chain from ``self.restore``: the way that worked, and why those before failed."""
@@ -222,7 +232,7 @@ class Sandbox:
         disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
                  for d in image.disks]
         self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True,
-                           lan=self.lan, disks=disks)
+                           lan=self.lan, disks=disks, nice=self.nice)
         # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
         # completed, sent after the run state is set), so the wait reads one event
         # instead of polling query-status and query-migrate over QMP.
@@ -239,7 +249,8 @@ class Sandbox:
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
         disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
                  for d in image.disks]
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan, disks=disks)
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan, disks=disks,
+                           nice=self.nice)
         q.cmd("migrate-set-capabilities", capabilities=[{"capability": "events", "state": True}])
         q.qmp.clear_events()
         q.cmd("migrate-incoming", uri=f"exec:cat {shlex.quote(str(snap / 'full.state'))}")
@@ -271,7 +282,8 @@ class Sandbox:
         overlay = self._fresh_overlay(image.base)
         disks = [self._fresh_overlay(d.base, f"overlay-{d.name}.qcow2") for d in image.disks]
         assert self._dir is not None
-        self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan, disks=disks)
+        self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan, disks=disks,
+                           nice=self.nice)
         self._serial = wait_for_shell(q, BOOT_TIMEOUT)
         self.shell_s = time.monotonic() - q.started
         wait_until_settled(self._serial, READY_TIMEOUT)

