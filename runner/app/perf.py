@@ -650,6 +650,7 @@ def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
 def render(figures: dict[str, Any]) -> str:
     """One figure per line; a figure with a target says it, and whether it was met."""
     lines = []
+    width = max(map(len, figures), default=0)  # the names line up, however long the longest
     for key in sorted(figures):
         value = figures[key]
         target = TARGETS.get(key)
@@ -660,6 +661,6 @@ def render(figures: dict[str, Any]) -> str:
             note = f"  (target {'<=' if kind == 'max' else '>='} {limit}: {'ok' if ok else 'MISSED'}; {why})"
             floor = FLOORS.get(key)
             if not ok and floor and all(isinstance(figures.get(k), int | float) for k in floor[1]):
-                note += "\n" + " " * 26 + "floor: " + floor[0].format(**figures)
-        lines.append(f"{key:>24}: {value}{note}")
+                note += "\n" + " " * (width + 2) + "floor: " + floor[0].format(**figures)
+        lines.append(f"{key:>{width}}: {value}{note}")
     return "\n".join(lines)

@@ -26,3 +26,8 @@ def test_a_met_target_or_a_floor_without_its_figures_prints_no_floor() -> None:
 
 def test_every_floor_explains_a_target() -> None:
     assert set(FLOORS) <= set(TARGETS)
+
+
+def test_the_names_line_up_however_long() -> None:
+    lines = render({"a": 1, "busy_guest_gen_ratio_threads1_nice_off": 0.5, "restore_ready_s": 0.2}).splitlines()
+    assert len({line.index(":") for line in lines}) == 1, lines
