@@ -34,6 +34,7 @@ import requests
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.process import die_with_parent, end_process, free_port, run_child
 from runner.core.errors import InfraError, InvalidInput
+from runner.core.settings import whole_number
 from runner.core.waiting import wait_until
 
 log = logging.getLogger("rootbench.llama")
@@ -100,16 +101,7 @@ THREADS_ENV = "ROOTBENCH_MODEL_THREADS"
 def model_threads(env: Mapping[str, str] | None = None) -> int:
     """The threads of a llama-server rootbench starts: ``$ROOTBENCH_MODEL_THREADS`` (1 to 256)
     or :data:`DEFAULT_THREADS`."""
-    raw = (os.environ if env is None else env).get(THREADS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_THREADS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 256:
-        raise InvalidInput(f"must be a whole number from 1 to 256, not {raw!r}", field=THREADS_ENV)
-    return value
+    return whole_number(THREADS_ENV, DEFAULT_THREADS, 1, 256, env)
 
 
 def cpu_flags_digest(cpuinfo: str | None = None) -> str:

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from runner.core.errors import InfraError, InvalidInput
+from runner.core.errors import InfraError
+from runner.core.settings import whole_number
 
 # The model first: every QEMU runs this many nice levels below rootbench (and so below the
 # llama-server it starts, which runs at rootbench's own priority). Under TCG a guest that keeps
@@ -86,17 +87,7 @@ def die_with_parent() -> None:
 
 def guest_nice(env: Mapping[str, str] | None = None) -> int:
     """The nice increment for QEMU: :data:`GUEST_NICE`, or ``$ROOTBENCH_GUEST_NICE`` (0 to 19)."""
-    raw = (os.environ if env is None else env).get(GUEST_NICE_ENV, "").strip()
-    if not raw:
-        return GUEST_NICE
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise InvalidInput(f"must be a whole number from 0 (off) to 19, not {raw!r}",
-                           field=GUEST_NICE_ENV)
-    return value
+    return whole_number(GUEST_NICE_ENV, GUEST_NICE, 0, 19, env, low_means="off")
 
 
 def _lowered_child(nice: int) -> None:
