@@ -914,16 +914,13 @@ def cmd_results(args: argparse.Namespace) -> int:
     found = results.gather(results.live_dirs(args.paths), specs)
     block = results.render_block(found)
     problems = results.disagreement_lines(found)
-    if args.check:
-        target = Path(args.check)
-        if results.differs(target, block):
-            problems.insert(0, f"{target}: the block between {results.BEGIN} and {results.END} "
-                               "is not what the runs give (make results rewrites it)")
-        for line in problems:
-            _err(f"rootbench: {line}")
-        return 1 if problems else 0
+    if args.check and results.differs(Path(args.check), block):
+        problems.insert(0, f"{args.check}: the block between {results.BEGIN} and {results.END} "
+                           "is not what the runs give (make results rewrites it)")
     for line in problems:
         _err(f"rootbench: {line}")
+    if args.check:
+        return 1 if problems else 0
     if args.write:
         target = Path(args.write)
         atomic_write(target, results.written(target, block))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.app.compare import Run, load_run
+from runner.app.html_report.fields import plural
 from runner.app.report import ci_text
 from runner.app.runs import shown_path
 from runner.app.stats import Summary, assists, hinted, summarize
@@ -182,10 +183,6 @@ def _md(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def tag_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     """The per-area breakdown: per tag (most scenarios first), how many scenarios carry it, their
     measured tiers, and per run the rounds it passed unaided / solved at any hint level / ran
@@ -228,7 +225,7 @@ def render_block(results: Results) -> str:
         "<!-- Made by `rootbench results --write README.md` (`make results`) from the committed "
         "runs and specs/; `--check` fails when this block differs from them. Do not edit it. -->",
         "",
-        f"From {folders} ({_count(len({ep.scenario for r in results.runs for ep in r.episodes}), 'scenario')}"
+        f"From {folders} ({plural(len({ep.scenario for r in results.runs for ep in r.episodes}), 'scenario')}"
         f" run, protocol {', '.join(protocols) or '-'}{', hint ladder' if ladder else ''}); "
         "each row is the overall row of `rootbench report` on its folder:",
         "",
@@ -240,7 +237,7 @@ def render_block(results: Results) -> str:
         f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} hard; "
         f"{counts[Tier.UNMEASURED]} of {len(tiers)} scenarios unmeasured** (no complete ladder of "
         "every bundled model yet)."
-        + (f" {_count(results.stale, 'episode')} recorded against an older version of its spec "
+        + (f" {plural(results.stale, 'episode')} recorded against an older version of its spec "
            "left out." if results.stale else ""),
         "",
     ]
