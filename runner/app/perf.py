@@ -61,6 +61,7 @@ from runner.core.throughput import (
     ratio,
     recorded_rates,
     split_wall_time,
+    timing_rates,
 )
 
 log = logging.getLogger("rootbench.perf")
@@ -427,13 +428,6 @@ def _bench_turn(endpoint: str, model: str, turn: int, max_tokens: int = PRIORITY
                                                        "predicted_ms")}
 
 
-def _rates(turns: list[dict[str, float]]) -> tuple[float | None, float | None]:
-    """Prompt and generation tokens/s over turns (tokens summed over milliseconds summed)."""
-    p_ms, g_ms = sum(t["prompt_ms"] for t in turns), sum(t["predicted_ms"] for t in turns)
-    return (round(sum(t["prompt_n"] for t in turns) * 1000 / p_ms, 1) if p_ms else None,
-            round(sum(t["predicted_n"] for t in turns) * 1000 / g_ms, 1) if g_ms else None)
-
-
 def _cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process, all its threads, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -504,7 +498,10 @@ def priority_figures(accel: str = "auto", model_name: str | None = None,
                     cpu[threads, condition].append((_cpu_seconds(pid) - c0) / (time.monotonic() - t0))
                     os.kill(pid, signal.SIGSTOP)
         nice = {c: b.info.guest_nice for c, b in boxes.items()}
-    rates = {p: _rates(t) for p, t in turns_of.items()}
+    rates: dict[tuple[int, str], tuple[float | None, float | None]] = {}
+    for p, t in turns_of.items():
+        measured = timing_rates(t)
+        rates[p] = measured.prompt_tps, measured.gen_tps
     ref_prompt, ref_gen = rates.get((bench_threads, "none"), (None, None))
     out: dict[str, Any] = {"model": name, "model_threads": bench_threads,
                            "guest_nice": nice.get("busy", guest_nice()),
@@ -549,7 +546,9 @@ def build_figures(model_name: str | None = None, rounds: int = PRIORITY_ROUNDS) 
             for k in binaries if r % 2 == 0 else reversed(list(binaries)):
                 counter += 1
                 turns[k].append(_bench_turn(servers[k].endpoint, name, counter))
-    (pp, pg), (np_, ng) = _rates(turns["portable"]), _rates(turns["native"])
+    portable, native_rates = timing_rates(turns["portable"]), timing_rates(turns["native"])
+    pp, pg = portable.prompt_tps, portable.gen_tps
+    np_, ng = native_rates.prompt_tps, native_rates.gen_tps
     return {"portable_prompt_tps": pp, "portable_gen_tps": pg, "native_prompt_tps": np_,
             "native_gen_tps": ng, "native_prompt_ratio": ratio(np_, pp),
             "native_gen_ratio": ratio(ng, pg)}

@@ -102,26 +102,35 @@ class TokenRates:
     replies: int
 
 
-def recorded_rates(events: Iterable[Mapping[str, Any]]) -> TokenRates:
-    """Prompt and generation tokens/s over every model reply that carries llama-server's
-    ``timings`` (tokens over milliseconds, summed: a long reply counts for more than a short
-    one, as it does in the episode's time)."""
+def timing_rates(timings: Iterable[Mapping[str, Any]]) -> TokenRates:
+    """Prompt and generation tokens/s over llama-server ``timings`` (``prompt_n``,
+    ``prompt_ms``, ``predicted_n``, ``predicted_ms``): tokens over milliseconds, summed, so a
+    long reply counts for more than a short one, as it does in an episode's time."""
     prompt_n = prompt_ms = gen_n = gen_ms = 0.0
     replies = 0
-    for e in events:
-        if e.get("type") != "model":
-            continue
-        raw = (e.get("reply") or {}).get("raw")
-        timings = raw.get("timings") if isinstance(raw, Mapping) else None
-        if not isinstance(timings, Mapping):
-            continue
+    for t in timings:
         replies += 1
-        prompt_n += _seconds(timings.get("prompt_n"))
-        prompt_ms += _seconds(timings.get("prompt_ms"))
-        gen_n += _seconds(timings.get("predicted_n"))
-        gen_ms += _seconds(timings.get("predicted_ms"))
+        prompt_n += _seconds(t.get("prompt_n"))
+        prompt_ms += _seconds(t.get("prompt_ms"))
+        gen_n += _seconds(t.get("predicted_n"))
+        gen_ms += _seconds(t.get("predicted_ms"))
     return TokenRates(round(prompt_n * 1000 / prompt_ms, 1) if prompt_ms else None,
                       round(gen_n * 1000 / gen_ms, 1) if gen_ms else None, replies)
+
+
+def recorded_rates(events: Iterable[Mapping[str, Any]]) -> TokenRates:
+    """:func:`timing_rates` over every recorded model reply that carries llama-server's
+    ``timings`` (in the reply's raw body)."""
+    def timings() -> Iterable[Mapping[str, Any]]:
+        for e in events:
+            if e.get("type") != "model":
+                continue
+            raw = (e.get("reply") or {}).get("raw")
+            found = raw.get("timings") if isinstance(raw, Mapping) else None
+            if isinstance(found, Mapping):
+                yield found
+
+    return timing_rates(timings())
 
 
 def ratio(part: float | None, whole: float | None, digits: int = 2) -> float | None:

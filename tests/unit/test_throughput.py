@@ -28,6 +28,7 @@ from runner.backends.process import GUEST_NICE, GUEST_NICE_ENV, guest_nice, lowe
 from runner.backends.sandbox import Sandbox
 from runner.core.errors import InvalidInput
 from runner.core.throughput import (
+    TokenRates,
     WallSplit,
     episode_wall,
     episodes_per_hour,
@@ -35,6 +36,7 @@ from runner.core.throughput import (
     ratio,
     recorded_rates,
     split_wall_time,
+    timing_rates,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,6 +105,10 @@ def test_token_rates_weigh_each_reply_by_its_tokens() -> None:
     assert rates.gen_tps == 20.0  # 40 tokens in 2 s
     none = recorded_rates([_model(1.0), _guest(1.0)])
     assert none.replies == 0 and none.prompt_tps is None and none.gen_tps is None
+    # perf's timed turns are the server's timings themselves: the same sums
+    turns = [{"prompt_n": 80, "prompt_ms": 1000, "predicted_n": 30, "predicted_ms": 1500},
+             {"prompt_n": 20, "prompt_ms": 1000, "predicted_n": 10, "predicted_ms": 500}]
+    assert timing_rates(turns) == TokenRates(50.0, 20.0, 2)
 
 
 def test_ratios_are_none_when_a_side_is_missing() -> None:
