@@ -116,7 +116,6 @@ def output_cap(output_limit: int | None) -> int:
 
 SLACK = 20.0  # seconds beyond a command's own timeout before the channel is declared stuck
 CLEAN_SHUTDOWN = 120.0  # seconds a guest gets to shut down by itself before it is reset
-# New on every boot: proof that one happened; read by the shell's builtin, not a guest binary.
 HTTP_BODY_LIMIT = 1 << 20  # bytes of a host-side HTTP answer's body kept; a guest's endless body is cut
 _HTTP = urllib3.PoolManager(num_pools=4, maxsize=4)
 
@@ -134,6 +133,7 @@ def _http_error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+# New on every boot: proof that one happened; read by the shell's builtin, not a guest binary.
 BOOT_ID = 'read -r id < /proc/sys/kernel/random/boot_id && echo "$id"'
 
 

@@ -229,8 +229,7 @@ class Sandbox:
         """RAM: the template file, copy-on-write; only the small device state is read."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
-        disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
-                 for d in image.disks]
+        disks = self._disk_overlays(image, snap)
         self._q = q = Qemu(image, overlay, accel, self._dir, (snap / "template.ram", False), True,
                            lan=self.lan, disks=disks, nice=self.nice)
         # ``events``: QEMU announces the incoming migration's end (MIGRATION, status
@@ -247,8 +246,7 @@ class Sandbox:
         """RAM: anonymous, filled from the whole saved VM; needs nothing of the template's RAM file."""
         assert self._dir is not None
         overlay = self._fresh_overlay(snap / "frozen.qcow2")
-        disks = [self._fresh_overlay(snap / frozen_disk(d), f"overlay-{d.name}.qcow2")
-                 for d in image.disks]
+        disks = self._disk_overlays(image, snap)
         self._q = q = Qemu(image, overlay, accel, self._dir, None, True, lan=self.lan, disks=disks,
                            nice=self.nice)
         q.cmd("migrate-set-capabilities", capabilities=[{"capability": "events", "state": True}])
@@ -278,9 +276,15 @@ class Sandbox:
         make_overlay(backing, overlay)
         return overlay
 
+    def _disk_overlays(self, image: BuiltImage, snap: Path | None) -> list[Path]:
+        """A new overlay on each of the image's extra disks, in order: on the snapshot's frozen
+        one (a restore), or on the built base (``snap`` None: a cold boot)."""
+        return [self._fresh_overlay(snap / frozen_disk(d) if snap else d.base, f"overlay-{d.name}.qcow2")
+                for d in image.disks]
+
     def _cold(self, image: BuiltImage, accel: str) -> None:
         overlay = self._fresh_overlay(image.base)
-        disks = [self._fresh_overlay(d.base, f"overlay-{d.name}.qcow2") for d in image.disks]
+        disks = self._disk_overlays(image, None)
         assert self._dir is not None
         self._q = q = Qemu(image, overlay, accel, self._dir, None, False, lan=self.lan, disks=disks,
                            nice=self.nice)

@@ -253,7 +253,8 @@ def ensure_snapshot(image: BuiltImage, accel: str, lan: bool = False) -> Path:
         (work / "snapshot.json").write_text(json.dumps({
             "image": image.name, "image_sha256": image.sha256, "accel": accel,
             **({"lan": True} if lan else {}),
-            **({"disks": {d.name: d.sha256 for d in image.disks}} if image.disks else {}), "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
+            **({"disks": {d.name: d.sha256 for d in image.disks}} if image.disks else {}),
+            "qemu": qemu_version(), "seconds": round(time.monotonic() - t0, 1)}) + "\n")
         shutil.rmtree(d, ignore_errors=True)
         work.rename(d)
         log.info("golden snapshot saved in %.1fs", time.monotonic() - t0)

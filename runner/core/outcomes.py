@@ -130,7 +130,6 @@ class ReplayResult(_Word):
     UNREADABLE = "unreadable"  # not a valid cassette
 
 
-
 class Tier(_Word):
     """A scenario's difficulty tier as measured from the bundled models' ladder runs
     (:func:`runner.core.tiers.measured_tier`); the first three are also the spellings of a
