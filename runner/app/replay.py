@@ -20,9 +20,17 @@ from runner.core.cassette import Cassette
 from runner.core.clock import Clock
 from runner.core.episode import GRADED_FIELDS, Episode, run_episode
 from runner.core.errors import InvalidInput, ReplayMismatch
+from runner.core.model import Model
 from runner.core.outcomes import AgentKind, ReplayResult
 from runner.core.protocol import Protocol, get_protocol
-from runner.core.replay import ReplayClock, ReplayGuest, ReplayModel, spec_change
+from runner.core.replay import (
+    ReplayClock,
+    ReplayGuest,
+    ReplayModel,
+    ReplyCheck,
+    ShadowedReplayModel,
+    spec_change,
+)
 from runner.core.rules import Rules
 from runner.core.spec import Scenario, scenario_from_dict
 from runner.core.text import one_line
@@ -46,6 +54,8 @@ class ReplayOutcome:
     seconds: float
     turns: int
     episode: Episode | None = None  # the replayed episode, when the replay reached a verdict
+    # With a live model (replay_loaded's ``live``): each recorded turn asked of it again.
+    reply_checks: tuple[ReplyCheck, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -273,7 +283,8 @@ def replay_one(path: Path, *, offline: bool, lenient: bool = False,
 
 def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
                   allow_spec_changes: bool = False, accel: str = "auto",
-                  transport: str = "serial", specs: list[Path] | None = None) -> ReplayOutcome:
+                  transport: str = "serial", specs: list[Path] | None = None,
+                  live: Model | None = None) -> ReplayOutcome:
     """Replay a cassette :func:`load_replayable` accepted; see the module docstring for outcomes.
 
     ``lenient`` serves the recorded reply to a request that differs (and
@@ -281,8 +292,13 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
     a real VM needs. ``allow_spec_changes`` replays a cassette whose spec has
     changed anyway, from the scenario the header recorded, saying so in the
     note. ``specs`` are the folders today's specs are looked up in by id
-    (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios).
+    (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios). With ``live``
+    (offline, not lenient) each recorded request is also asked of that model and the outcome's
+    ``reply_checks`` say whether it gave the recorded reply
+    (:class:`~runner.core.replay.ShadowedReplayModel`).
     """
+    if live is not None and (lenient or not offline):
+        raise ValueError("a live model's replies are checked on a strict, offline replay only")
     cas, scenario = rep.cassette, rep.scenario
     path = str(cas.path)
     rec = cas.verdict or {}
@@ -296,7 +312,8 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
                                  _note(f"{changed}; re-record it, or pass "
                                             "--allow-spec-changes"), 0.0, 0)
         notes.append(f"spec changed, replayed the recorded one: {changed}")
-    model = ReplayModel(cas, lenient=lenient)
+    model = ReplayModel(cas, lenient=lenient) if live is None else ShadowedReplayModel(cas, live)
+    checks = model.checks if isinstance(model, ShadowedReplayModel) else []
     guest = ReplayGuest(cas) if offline else None
     clock = ReplayClock(cas) if offline else None
     try:
@@ -316,7 +333,8 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
         if offline and (suspect := clock_suspect(cas)) is not None:
             notes.insert(0, suspect)  # the cause, ahead of the exchange it threw off
         return ReplayOutcome(path, scenario.id, recorded, ReplayResult.MISMATCH.value,
-                             ReplayResult.MISMATCH, _note("; ".join(notes)), 0.0, model.turn)
+                             ReplayResult.MISMATCH, _note("; ".join(notes)), 0.0, model.turn,
+                             reply_checks=tuple(checks))
     replayed = _verdict_text(ep.verdict.value, [f.value for f in ep.flags])
     result = ReplayResult.SAME if recorded == replayed else ReplayResult.DIFFERENT
     if result is ReplayResult.DIFFERENT:
@@ -328,7 +346,8 @@ def replay_loaded(rep: Replayable, *, offline: bool, lenient: bool = False,
         notes.insert(0, suspect)
     notes.extend(model.mismatches)
     return ReplayOutcome(path, scenario.id, recorded, replayed, result,
-                         _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns, ep)
+                         _note("; ".join(n for n in notes if n)), ep.seconds, ep.turns, ep,
+                         tuple(checks))
 
 
 def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,

@@ -14,6 +14,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,49 @@ class ReplayModel(Model):
         """Recorded turns (or decisions) the run never got to, as a mismatch message (None if
         none)."""
         return self._stream.unserved() or self._decisions.unserved()
+
+
+@dataclass(frozen=True)
+class ReplyCheck:
+    """One recorded turn asked again of a live model: what it said (text and tool calls),
+    whether that is the recorded reply, and the live server's own timings of it
+    (``raw["timings"]``, llama-server's)."""
+
+    turn: int
+    reply: Any
+    same: bool
+    timings: dict[str, Any]
+
+
+def _said(message: Mapping[str, Any]) -> Any:
+    """What a reply says: its text and tool calls, not the ids a server makes up per reply."""
+    calls = [{"name": (c.get("function") or {}).get("name"),
+              "arguments": (c.get("function") or {}).get("arguments")}
+             for c in message.get("tool_calls") or []]
+    return message.get("content") or "", calls
+
+
+class ShadowedReplayModel(ReplayModel):
+    """Serves the recorded replies, as :class:`ReplayModel` does, and asks ``live`` every same
+    request too, keeping whether its reply is the recorded one (:attr:`checks`).
+
+    Why: whether a model server reproduces a recording (another build, speculative decoding)
+    is a question about its replies to the very requests recorded, and an offline replay
+    rebuilds those requests exactly (their digests are checked) with no VM. The run itself
+    follows the recording whatever ``live`` says, so every turn is asked."""
+
+    def __init__(self, cassette: Cassette, live: Model) -> None:
+        super().__init__(cassette)
+        self.live = live
+        self.checks: list[ReplyCheck] = []
+
+    def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+        recorded = super().complete(request, timeout)
+        now = self.live.complete(request, timeout)
+        said = _said(now.message)
+        self.checks.append(ReplyCheck(self.turn, said, said == _said(recorded.message),
+                                      dict(now.raw.get("timings") or {})))
+        return recorded
 
 
 def _served(given: dict[str, Any]) -> dict[str, Any]:
