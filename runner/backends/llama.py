@@ -95,6 +95,11 @@ DEFAULT_CTX_SIZE = 16384  # tokens; a run that outgrows it ends as stop=context
 # threads wait for each other at every step: `rootbench perf` prints threads1_* beside the
 # rest); $ROOTBENCH_MODEL_THREADS sets it for every llama-server rootbench starts.
 DEFAULT_THREADS = 2
+# Speculative decoding (LlamaServer's ``draft``): up to DRAFT_MAX tokens proposed per step,
+# llama-server's own default (`rootbench perf`'s speculative_* figures: on 2 CPU cores the draft
+# costs more than it saves at any length, see docs/performance.md), at least DRAFT_MIN.
+DRAFT_MAX = 3
+DRAFT_MIN = 0
 THREADS_ENV = "ROOTBENCH_MODEL_THREADS"
 
 
@@ -391,12 +396,19 @@ class LlamaServer:
     With ``parallel`` N (a bench's ``--jobs N``) the server's context is N
     times ``ctx_size``: llama-server splits its context between its slots, so
     each episode still gets the ``--ctx-size`` it asked for.
+
+    With ``draft`` (a smaller model of the same tokenizer) the server decodes
+    speculatively: the draft proposes up to :data:`DRAFT_MAX` tokens, the model
+    checks them in one batch and keeps those it would have chosen itself.
     """
 
     def __init__(self, binary: Path, model_path: Path, log_path: Path, *, ctx_size: int = DEFAULT_CTX_SIZE,
-                 seed: int = 0, threads: int | None = None, parallel: int = 1) -> None:
+                 seed: int = 0, threads: int | None = None, parallel: int = 1,
+                 draft: Path | None = None, draft_max: int | None = None) -> None:
         self.binary = Path(binary)
         self.model_path = Path(model_path)
+        self.draft = Path(draft) if draft is not None else None
+        self.draft_max = draft_max or DRAFT_MAX
         self.log_path = Path(log_path)
         self.ctx_size = ctx_size
         self.seed = seed
@@ -428,6 +440,10 @@ class LlamaServer:
                "--port", str(self.port), "--jinja", "--parallel", str(self.parallel),
                "--seed", str(self.seed), "-c", str(self.ctx_size * self.parallel),
                "-t", str(self.threads), "--no-webui"]
+        if self.draft is not None:
+            cmd += ["-md", str(self.draft), "-td", str(self.threads), "--spec-type", "draft-simple",
+                    "--spec-draft-n-max", str(self.draft_max),
+                    "--spec-draft-n-min", str(DRAFT_MIN)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=_server_env(self.binary),
                                      preexec_fn=die_with_parent)
@@ -504,7 +520,10 @@ def llama_fingerprint(server: LlamaServer, binary: Path, model_file: Path) -> di
     named = next((m.name for m in MODELS.values() if model_path(m.name) == model_file), None)
     sha = next((m.sha256 for m in MODELS.values() if model_path(m.name) == model_file), None)
     build = {cached_binary(): "portable", cached_binary(native=True): "native"}.get(binary)
+    draft = ({"draft_model_file": server.draft.name, "draft_max": server.draft_max,
+              "draft_min": DRAFT_MIN} if server.draft is not None else {})
     return {
+        **draft,
         "model_file": model_file.name,
         "model_sha256": sha or file_sha256(model_file),
         "named_model": named,
