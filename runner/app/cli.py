@@ -304,9 +304,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip timing verify --jobs 2 of the whole suite (minutes)")
     p.add_argument("--model", default=None, help="named model for the model figures")
     p.add_argument("--model-only", action="store_true",
-                   help="only the model's figures: its reference speed, beside idle and busy "
-                        "guests (restored VMs, no oracle bench), and the recorded bench's "
-                        "throughput (a few minutes)")
+                   help="only the model's figures: its reference speed, beside an idle guest "
+                        "and beside cpu-hog's and scratch-dir-full's faults (restored VMs), "
+                        "three live episodes of the default bench beside the reference, "
+                        "speculative decoding on a recorded run's requests, and the recorded "
+                        "bench's throughput (about 45 minutes on 2 cores)")
     _vm_args(p)
 
     p = sub.add_parser("cache", help="what the per-user cache holds; --prune removes what is no longer used")

@@ -8,10 +8,7 @@ same llama-server path a bench uses.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -20,25 +17,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
 from runner.app.episodes import RunOptions
 from runner.app.executors import make_local
+from runner.app.model_figures import (
+    build_figures,
+    live_bench_figures,
+    priority_figures,
+    recorded_bench_figures,
+    speculative_figures,
+)
 from runner.app.replay import replay_one
 from runner.backends.fleet import Fleet
 from runner.backends.images import ensure_image
-from runner.backends.llama import (
-    DEFAULT_MODEL,
-    LlamaServer,
-    cached_binary,
-    ensure_llama_server,
-    fetch_model,
-    model_threads,
-)
+from runner.backends.llama import DEFAULT_MODEL, LlamaServer, ensure_llama_server, fetch_model
 from runner.backends.openai import OpenAIModel
-from runner.backends.process import guest_nice
 from runner.backends.qemu import Qemu, make_overlay
 from runner.backends.sandbox import Sandbox
 from runner.backends.snapshot import ensure_snapshot
@@ -54,13 +48,7 @@ from runner.core.protocol import BudgetLeft, JsonProtocol
 from runner.core.selection import pick_ids
 from runner.core.spec import load_specs
 from runner.core.throughput import (
-    WallSplit,
-    episodes_per_hour,
-    median_or_none,
     ratio,
-    recorded_rates,
-    split_wall_time,
-    timing_rates,
 )
 
 log = logging.getLogger("rootbench.perf")
@@ -82,11 +70,17 @@ TARGETS: dict[str, tuple[float, str, str]] = {
     # same with no guest, measured in one run: the guest's QEMU runs at a lower priority.
     "busy_guest_gen_ratio": (0.9, "min", "a busy guest costs the model's generation at most 10%"),
     "busy_guest_prompt_ratio": (0.9, "min", "a busy guest costs the model's prompt at most 10%"),
+    "scratch_guest_gen_ratio": (0.9, "min", "scratch-dir-full's guest costs the model's generation at most 10%"),
+    "scratch_guest_prompt_ratio": (0.9, "min", "scratch-dir-full's guest costs the model's prompt at most 10%"),
     "idle_guest_gen_ratio": (0.9, "min", "an idle guest costs the model's generation at most 10%"),
-    # Issue #30 also asks in-bench tokens/s at >= 90% of the reference. bench_*_share compares
-    # the committed cassettes (recorded at another hour, under that hour's load) with this
-    # run's reference, so it carries no target: an "ok" or "MISSED" on it would say nothing
-    # about this machine (measured: 1.55 to 11 at load 4-7, where a quiet reference gives ~0.15).
+    # In-bench tokens/s at >= 90% of the reference, both measured in this run (live episodes of
+    # the default bench). bench_*_share compares the committed cassettes (recorded at another
+    # hour, under that hour's load) with this run's reference, so it carries no target.
+    "live_bench_gen_share": (0.9, "min", "in-bench generation at least 90% of the reference"),
+    "live_bench_prompt_share": (0.9, "min", "in-bench prompt processing at least 90% of the reference"),
+    # Speculative decoding must not change a reply at temperature 0.
+    "speculative_differing_turns": (0, "max", "the draft changes no reply of the recorded run"),
+    "native_differing_turns": (0, "max", "the native build changes no reply of the recorded run"),
 }
 # A target missed is explained by the measured floor under it: (target, why, the figures it
 # names). render() prints the line under a missed target when those figures are present.
@@ -383,204 +377,6 @@ def measure_speed(model_name: str | None) -> dict[str, Any]:
             "cached_fraction": round(cached / total2, 3) if total2 else None}
 
 
-# --- issue #30: the model first, against its own reference ----------------------------------------
-
-# A turn shaped like a bench's: the JSON protocol's system prompt and a task, an answer and an
-# observation (cached after the first request, as in a bench), then a new observation of about
-# the size a bench turn adds (30-70 tokens) and a reply of the JSON action's size.
-_TASK = "Users report the website on this server is down. Please fix it."
-_ANSWER = '{"thought": "Check whether nginx is running.", "command": "systemctl status nginx"}'
-_OBSERVATION = ("exit code 3\n\u25cf nginx.service - A high performance web server and a reverse "
-                "proxy server\n     Loaded: loaded (/lib/systemd/system/nginx.service; enabled)\n"
-                "     Active: inactive (dead) since Sat 2026-12-05 09:{:02d}:00 UTC")
-PRIORITY_MAX_TOKENS = 48  # the JSON action is ~30-40 tokens: about a second of generation
-# The conditions the model is timed in. "none": no guest running (the reference); "idle": a
-# restored guest doing nothing; "busy": one whose CPU a loop keeps busy, as cpu-hog's fault
-# does; "busy-nice-off": the same with QEMU at rootbench's own priority (the A/B).
-PRIORITY_CONDITIONS = ("none", "idle", "busy", "busy-nice-off")
-# Rounds of one turn per condition, every other round in reverse order: the machine may be
-# shared, and its other load drifts; interleaved turn by turn, the drift falls on every
-# condition alike. The guests not being timed are stopped (SIGSTOP) meanwhile.
-PRIORITY_ROUNDS = 4
-# Timed again on a llama-server with one thread fewer than the bench's (see priority_figures).
-FEWER_THREADS_CONDITIONS = ("none", "busy")
-BUSY_LOOP = "systemd-run --quiet --unit=perf-busy-loop /bin/sh -c 'while :; do :; done'"
-
-
-def _bench_turn(endpoint: str, model: str, turn: int, max_tokens: int = PRIORITY_MAX_TOKENS
-                ) -> dict[str, float]:
-    """One bench-shaped turn (see :data:`_OBSERVATION`) at temperature 0 with a fixed seed;
-    llama-server's own ``timings`` of it. ``turn`` changes the last message, so its tokens are
-    evaluated afresh and the shared prefix comes from the cache, as in a bench."""
-    proto = JsonProtocol()
-    msgs: list[dict[str, Any]] = [
-        {"role": "system", "content": proto.system_prompt(None, BudgetLeft(10, 600))},
-        {"role": "user", "content": _TASK}, {"role": "assistant", "content": _ANSWER},
-        {"role": "user", "content": _OBSERVATION.format(turn % 60) + f"\n[turn {turn}]"}]
-    body = {"model": model, **proto.decorate(ChatRequest(messages=msgs)).payload(),
-            "temperature": 0.0, "seed": 0, "max_tokens": max_tokens, "cache_prompt": True,
-            "stream": False}
-    r = requests.post(f"{endpoint}/v1/chat/completions", json=body, timeout=300)
-    r.raise_for_status()
-    timings = r.json().get("timings") or {}
-    return {k: float(timings.get(k) or 0.0) for k in ("prompt_n", "prompt_ms", "predicted_n",
-                                                       "predicted_ms")}
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process, all its threads, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _guest_for(condition: str, accel: str, stack: contextlib.ExitStack) -> Sandbox:
-    """A restored guest for a condition other than "none", its loop started if busy, stopped
-    (SIGSTOP) until timed; continued again before it is torn down."""
-    box = stack.enter_context(Sandbox(IMAGE, accel=accel,
-                                      nice=0 if condition.endswith("nice-off") else None))
-    if condition.startswith("busy"):
-        r = box.guest.exec(BUSY_LOOP, 30)
-        if r.exit_code != 0:
-            raise RootbenchError(f"the guest's busy loop did not start: {r.output[:160]}")
-    assert box.pid is not None
-    pid = box.pid
-    os.kill(pid, signal.SIGSTOP)
-    stack.callback(os.kill, pid, signal.SIGCONT)  # runs before the sandbox's own exit
-    return box
-
-
-def priority_figures(accel: str = "auto", model_name: str | None = None,
-                     conditions: tuple[str, ...] = PRIORITY_CONDITIONS,
-                     rounds: int = PRIORITY_ROUNDS,
-                     fewer_threads: tuple[str, ...] = FEWER_THREADS_CONDITIONS) -> dict[str, Any]:
-    """Issue #30, the model first: the model's speed with no guest running, beside an idle
-    guest, a busy guest (QEMU at :func:`~runner.backends.process.guest_nice`) and a busy guest
-    at the model's own priority, in one run on one llama-server with the bench's threads.
-
-    The no-guest figures are the reference (the server's own timings on a fixed, bench-shaped
-    turn); each ratio is a condition's tokens/s over the reference's. ``*_cpu`` is QEMU's CPU
-    time over the wall time of its turns: how much of a core the guest got beside the model.
-    ``fewer_threads``: the conditions also timed on a second server with one thread fewer
-    (``threadsN_*``), interleaved with the rest: llama.cpp's threads wait for each other at
-    every step, so on a machine with no core to spare one thread held up by another process
-    holds up all of them, and fewer threads than cores can be the faster.
-    """
-    name = model_name or DEFAULT_MODEL
-    binary = ensure_llama_server()
-    gguf = fetch_model(name)
-    bench_threads = model_threads()
-    fewer = bench_threads - 1
-    plan = [(bench_threads, c) for c in conditions]
-    plan += [(fewer, c) for c in fewer_threads if fewer >= 1 and c in conditions]
-    turns_of: dict[tuple[int, str], list[dict[str, float]]] = {p: [] for p in plan}
-    cpu: dict[tuple[int, str], list[float]] = {p: [] for p in plan}
-    counter = 0
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        servers = {t: stack.enter_context(LlamaServer(binary, gguf, Path(tmp) / f"llama{t}.log",
-                                                      threads=t))
-                   for t in sorted({t for t, _ in plan}, reverse=True)}
-        for server in servers.values():
-            _bench_turn(server.endpoint, name, -1)  # the shared prefix into the cache, not timed
-        boxes = {c: _guest_for(c, accel, stack) for c in conditions if c != "none"}
-        for r in range(rounds):
-            log.info("model speed beside each guest, round %d of %d", r + 1, rounds)
-            for threads, condition in plan if r % 2 == 0 else reversed(plan):
-                pid = boxes[condition].pid if condition in boxes else None
-                if pid:
-                    os.kill(pid, signal.SIGCONT)
-                    time.sleep(0.3)  # the guest running again before the model is asked
-                t0, c0 = time.monotonic(), _cpu_seconds(pid) if pid else 0.0
-                counter += 1
-                turns_of[threads, condition].append(
-                    _bench_turn(servers[threads].endpoint, name, counter))
-                if pid:
-                    cpu[threads, condition].append((_cpu_seconds(pid) - c0) / (time.monotonic() - t0))
-                    os.kill(pid, signal.SIGSTOP)
-        nice = {c: b.info.guest_nice for c, b in boxes.items()}
-    rates: dict[tuple[int, str], tuple[float | None, float | None]] = {}
-    for p, t in turns_of.items():
-        measured = timing_rates(t)
-        rates[p] = measured.prompt_tps, measured.gen_tps
-    ref_prompt, ref_gen = rates.get((bench_threads, "none"), (None, None))
-    out: dict[str, Any] = {"model": name, "model_threads": bench_threads,
-                           "guest_nice": nice.get("busy", guest_nice()),
-                           "ref_prompt_tps": ref_prompt, "ref_gen_tps": ref_gen,
-                           "priority_turns": counter}
-    labels = {"none": "ref", "idle": "idle_guest", "busy": "busy_guest",
-              "busy-nice-off": "busy_guest_nice_off"}
-    for (threads, condition), (prompt, gen) in rates.items():
-        prefix = "" if threads == bench_threads else f"threads{threads}_"
-        label = prefix + labels[condition]
-        out[f"{label}_prompt_tps"], out[f"{label}_gen_tps"] = prompt, gen
-        if condition != "none":
-            own_prompt, own_gen = rates.get((threads, "none"), (None, None))
-            out[f"{label}_prompt_ratio"] = ratio(prompt, own_prompt)
-            out[f"{label}_gen_ratio"] = ratio(gen, own_gen)
-            out[f"{label}_cpu"] = median_or_none(cpu[threads, condition])
-        if prefix:  # against the bench's own threads in the same condition
-            base = rates.get((bench_threads, condition), (None, None))[1]
-            out[f"{label}_gen_vs_{bench_threads}_threads"] = ratio(gen, base)
-    return out
-
-
-def build_figures(model_name: str | None = None, rounds: int = PRIORITY_ROUNDS) -> dict[str, Any]:
-    """Issue #30: the native llama-server build (``ROOTBENCH_LLAMA_NATIVE=1``, this CPU's own
-    instructions) against the portable one, the bench's threads, no guest, turns interleaved.
-    Measured only when the native build is in the cache (perf never starts a ~10 min build)."""
-    native = cached_binary(native=True)
-    if not native.is_file():
-        return {"native_note": "no native llama-server build in the cache "
-                               "(ROOTBENCH_LLAMA_NATIVE=1 rootbench model setup builds it)"}
-    name = model_name or DEFAULT_MODEL
-    gguf = fetch_model(name)
-    binaries = {"portable": ensure_llama_server(native=False), "native": native}
-    turns: dict[str, list[dict[str, float]]] = {k: [] for k in binaries}
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        servers = {k: stack.enter_context(LlamaServer(b, gguf, Path(tmp) / f"{k}.log"))
-                   for k, b in binaries.items()}
-        for server in servers.values():
-            _bench_turn(server.endpoint, name, -1)
-        counter = 0
-        for r in range(rounds):
-            for k in binaries if r % 2 == 0 else reversed(list(binaries)):
-                counter += 1
-                turns[k].append(_bench_turn(servers[k].endpoint, name, counter))
-    portable, native_rates = timing_rates(turns["portable"]), timing_rates(turns["native"])
-    pp, pg = portable.prompt_tps, portable.gen_tps
-    np_, ng = native_rates.prompt_tps, native_rates.gen_tps
-    return {"portable_prompt_tps": pp, "portable_gen_tps": pg, "native_prompt_tps": np_,
-            "native_gen_tps": ng, "native_prompt_ratio": ratio(np_, pp),
-            "native_gen_ratio": ratio(ng, pg)}
-
-
-# The default ``make bench``: the default model, its default protocol, no hints.
-BENCH_RECORDINGS = Path("recordings") / "live" / f"{DEFAULT_MODEL}-json"
-
-
-def recorded_bench_figures(folder: Path = BENCH_RECORDINGS) -> dict[str, Any]:
-    """Issue #30: what the default bench's committed live cassettes (hint level 0) say of its
-    throughput: episodes per hour one at a time, the split of its wall time into model, guest
-    and harness, and the model's tokens/s as llama-server timed them during the bench."""
-    paths = find_cassettes([folder]) if folder.is_dir() else []
-    cassettes = [c for c in (Cassette.load(p) for p in paths) if c.head.hint_level == 0]
-    if not cassettes:
-        return {"bench_note": f"no hint-level-0 cassettes under {folder}"}
-    splits = [split_wall_time(c.events) for c in cassettes]
-    total = sum(splits, WallSplit(0.0, 0.0, 0.0))
-    shares = total.shares()
-    rates = recorded_rates(e for c in cassettes for e in c.events)
-    # Episode by episode: how far the model's speed moved within one bench (the machine's
-    # other load moves it; see priority_figures on threads).
-    per_episode = [g for g in (recorded_rates(c.events).gen_tps for c in cassettes) if g is not None]
-    return {"bench_episodes": len(cassettes),
-            "bench_gen_tps_range": [min(per_episode), max(per_episode)] if per_episode else None,
-            "bench_episodes_per_hour": episodes_per_hour(s.wall for s in splits),
-            "bench_wall_s": round(total.wall, 1),
-            "bench_model_share": shares["model"], "bench_guest_share": shares["guest"],
-            "bench_harness_share": shares["harness"],
-            "bench_prompt_tps": rates.prompt_tps, "bench_gen_tps": rates.gen_tps}
-
-
 # Quick easy-tier scenarios that wait on nothing but the guest: cron-stopped, which waits
 # for cron's next minute (0-60 s, by the clock), made the ratio a matter of luck, and a
 # scenario with ``reboot: true`` (ssh-stopped since the validity round) spends its re-check
@@ -636,6 +432,8 @@ def measure(*, vm: bool = True, model: bool = True, accel: str = "auto",
             figures.update(measure_speed(model_name))
             if vm:
                 figures.update(priority_figures(figures.get("accel", accel), model_name))
+                figures.update(live_bench_figures(figures.get("accel", accel), model_name))
+            figures.update(speculative_figures(model_name))
             figures.update(build_figures(model_name))
         except RootbenchError as exc:
             figures["model_note"] = f"model figures skipped: {str(exc).splitlines()[0][:160]}"

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from runner.app.executors import MAX_JOBS, jobs_limits
-from runner.app.perf import BENCH_RECORDINGS, recorded_bench_figures, render
+from runner.app.model_figures import BENCH_RECORDINGS, recorded_bench_figures
+from runner.app.perf import render
 from runner.backends.llama import (
     DEFAULT_THREADS,
     NATIVE_ENV,
