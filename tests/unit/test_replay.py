@@ -21,6 +21,7 @@ from conftest import Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runner.app.replay import load_replayable, replay_loaded
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import run_episode
@@ -30,7 +31,7 @@ from runner.core.outcomes import ReplayResult
 from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
 from runner.core.recording import RecordingGuest, RecordingModel
-from runner.core.replay import ReplayGuest, spec_change
+from runner.core.replay import ReplayGuest, ReplayModel, spec_change
 from runner.core.spec import scenario_from_dict
 
 ROOT = repo_root()
@@ -507,3 +508,46 @@ def test_a_damaged_cassette_replays_to_an_outcome_or_invalid_input(
         return
     outcome = replay_loaded(rep, offline=True)
     assert outcome.result in ReplayResult and "\n" not in outcome.note
+
+
+# --- a recorded run's requests asked again of a live model (ShadowedReplayModel) ------------
+
+LIVE_15 = ROOT / "recordings" / "live" / "qwen2.5-coder-1.5b-json"
+
+
+def test_a_live_model_that_answers_as_recorded_is_the_same_on_every_turn() -> None:
+    path = LIVE_15 / "cron-stopped.r0.jsonl"
+    rep = load_replayable(path)
+    turns = len(rep.cassette.stream("model"))
+    # The "live" model is the recording itself, served as a replay serves it: a Model that
+    # gives every recorded reply to the same requests.
+    out = replay_loaded(rep, offline=True, live=ReplayModel(Cassette.load(path)))
+    assert out.result is ReplayResult.SAME
+    assert len(out.reply_checks) == turns >= 2
+    assert all(c.same for c in out.reply_checks)
+    assert [c.turn for c in out.reply_checks] == list(range(1, turns + 1))
+    assert out.reply_checks[0].timings.get("predicted_n", 0) > 0  # the live reply's own timings
+
+
+def test_a_live_model_that_answers_otherwise_is_counted_and_the_run_follows_the_recording() -> None:
+    path = LIVE_15 / "cron-stopped.r0.jsonl"
+    other = LIVE_15 / "cron-stopped.r0.h1.jsonl"  # the same scenario with a hint: other replies
+    rep = load_replayable(path)
+    live = ReplayModel(Cassette.load(other), lenient=True)
+    out = replay_loaded(rep, offline=True, live=live)
+    # The run is the recorded one whatever the live model said ...
+    assert out.result is ReplayResult.SAME
+    # ... and every turn says whether the live reply was the recorded one.
+    assert len(out.reply_checks) == len(rep.cassette.stream("model"))
+    recorded = [e["reply"]["message"].get("content") for e in Cassette.load(other).stream("model")]
+    mine = [e["reply"]["message"].get("content") for e in rep.cassette.stream("model")]
+    expected = [a == b for a, b in zip(mine, recorded, strict=False)]
+    assert [c.same for c in out.reply_checks][:len(expected)] == expected
+    assert not all(c.same for c in out.reply_checks)
+
+
+def test_a_live_model_is_only_asked_on_a_strict_offline_replay() -> None:
+    path = LIVE_15 / "cron-stopped.r0.jsonl"
+    with pytest.raises(ValueError):
+        replay_loaded(load_replayable(path), offline=True, lenient=True,
+                      live=ReplayModel(Cassette.load(path)))
