@@ -36,7 +36,9 @@ _NEW_SHELL = re.compile(rb"\x1b\[\?2004hroot@" + re.escape(GUEST_HOSTNAME.encode
 _SETUP = ("stty -echo -onlcr 2>/dev/null; set +o emacs +o vi; PS1=''; PS2=''; unset PROMPT_COMMAND; "
           "export HISTFILE=/dev/null TERM=dumb; mkdir -p /run/rb")
 
-HELPER_START_TIMEOUT = 60.0  # python3 starting on a busy TCG guest: seconds, not minutes
+# python3 starting on a busy TCG guest: seconds, not minutes; at least this long, and as long as
+# the caller's own deadline leaves (a reboot re-check's is minutes).
+HELPER_START_TIMEOUT = 60.0
 
 
 class SerialGuest(FramedGuest, Guest):
@@ -97,11 +99,13 @@ class SerialGuest(FramedGuest, Guest):
             pass
 
     def wait_for_login(self, timeout: float) -> None:
-        """After a cold boot: wait for the console shell's prompt, then make it quiet."""
+        """After a cold boot: wait for the console shell's prompt, then make it quiet and start
+        the helper, within ``timeout`` in all (a boot's tail can keep a slow guest busy)."""
+        deadline = time.monotonic() + timeout
         if self._expect([re.compile(rb"root@[^\r\n]*# ?")], timeout) is None:
             raise GuestDown(f"no root prompt on the serial console within {timeout:.0f}s")
         self._send(_SETUP + "\n")
-        self.sync(20)
+        self.sync(max(20.0, deadline - time.monotonic()))
 
     def sync(self, timeout: float, *, idle: bool = False, set_clock: bool = False) -> None:
         """Prove the helper answers (and skip whatever was printed before); start it if need be.
@@ -140,20 +144,23 @@ class SerialGuest(FramedGuest, Guest):
             seen = self._expect([sync_re(tokens), sync_re(tokens, b"RBSH")], step)
             if seen is not None:
                 if seen[0] == 1:
-                    self._start_helper()
+                    # The caller's deadline, not a fixed minute: after a reboot the guest
+                    # is still finishing its boot, and a starved one (a busy host, QEMU
+                    # niced below a model that computes) starts python3 slowly.
+                    self._start_helper(max(HELPER_START_TIMEOUT, deadline - time.monotonic()))
                 self._drain()
                 return
             if time.monotonic() >= deadline:
                 raise GuestDown(f"the serial shell did not answer within {timeout:.0f}s")
 
-    def _start_helper(self) -> None:
+    def _start_helper(self, timeout: float = HELPER_START_TIMEOUT) -> None:
         """The console shell answered, so no helper runs: replace the shell by one."""
         token = new_sentinel()
         self._send(helper_command() + "\n")
         self._send(helper_source().decode())
         self._send(ping(token))
-        if self._expect([sync_re([token])], HELPER_START_TIMEOUT) is None:
-            raise GuestDown(f"the guest's command helper did not start within {HELPER_START_TIMEOUT:.0f}s")
+        if self._expect([sync_re([token])], timeout) is None:
+            raise GuestDown(f"the guest's command helper did not start within {timeout:.0f}s")
 
     def _await(self, pattern: re.Pattern[bytes], timeout: float) -> re.Match[bytes] | None:
         seen = self._expect([pattern, _NEW_SHELL], timeout)
