@@ -6,12 +6,12 @@ interleaved, so the machine's drifting load falls on every condition alike:
 
 - :func:`priority_figures`: the model's tokens/s with no guest (the reference), beside an idle
   guest, beside a guest running cpu-hog's or scratch-dir-full's fault (QEMU niced), and beside
-  cpu-hog's with the nice off (the A/B);
+  cpu-hog's with the nice off and at nice 19 (the A/B);
 - :func:`live_bench_figures`: real episodes of the default bench in the same run as a
   reference, so the in-bench tokens/s is a share of what this machine gives now;
 - :func:`speculative_figures`: speculative decoding (a draft model) against plain decoding on
-  the very requests a committed run recorded, replayed offline: the replies must be the same,
-  and the tokens/s say which wins;
+  the very requests a committed run recorded, replayed offline: how many replies differ, and
+  the tokens/s, say whether it could be the default;
 - :func:`build_figures`: the native llama-server build against the portable one;
 - :func:`recorded_bench_figures`: what the committed cassettes of the default bench say of its
   throughput (episodes per hour, wall time split into model, guest and harness).
@@ -88,6 +88,13 @@ _LABELS = {"none": "ref", "idle": "idle_guest", "cpu-hog": "busy_guest",
            "scratch-dir-full": "scratch_guest", "cpu-hog-nice-off": "busy_guest_nice_off",
            "cpu-hog-nice-19": "busy_guest_nice_19"}
 
+# Rounds of one turn per condition, every other round in reverse order: the machine may be
+# shared, and its other load drifts; interleaved turn by turn, the drift falls on every
+# condition alike. The guests not being timed are stopped (SIGSTOP) meanwhile.
+PRIORITY_ROUNDS = 4
+# Timed again on a llama-server with one thread fewer than the bench's (see priority_figures).
+FEWER_THREADS_CONDITIONS = ("none", "cpu-hog")
+
 
 def _fault_and_nice(condition: str) -> tuple[str, int | None]:
     """A condition's scenario (or "idle") and the nice its QEMU gets: ``-nice-off`` is 0,
@@ -96,12 +103,6 @@ def _fault_and_nice(condition: str) -> tuple[str, int | None]:
     if not sep:
         return condition, None
     return fault, 0 if nice == "off" else int(nice)
-# Rounds of one turn per condition, every other round in reverse order: the machine may be
-# shared, and its other load drifts; interleaved turn by turn, the drift falls on every
-# condition alike. The guests not being timed are stopped (SIGSTOP) meanwhile.
-PRIORITY_ROUNDS = 4
-# Timed again on a llama-server with one thread fewer than the bench's (see priority_figures).
-FEWER_THREADS_CONDITIONS = ("none", "cpu-hog")
 
 
 def _bench_turn(endpoint: str, model: str, turn: int, max_tokens: int = PRIORITY_MAX_TOKENS
@@ -305,9 +306,14 @@ DRAFT_MODEL = "qwen2.5-coder-0.5b"
 RECORDED_CASSETTES = 5
 
 
-def _default_bench_cassettes(folder: Path, count: int) -> list[Path]:
+def _unaided_cassettes(folder: Path) -> list[Cassette]:
+    """The cassettes under ``folder`` recorded at hint level 0 (a default bench's), by name."""
     paths = find_cassettes([folder]) if folder.is_dir() else []
-    return [p for p in paths if Cassette.load(p).head.hint_level == 0][:count]
+    return [c for c in (Cassette.load(p) for p in paths) if c.head.hint_level == 0]
+
+
+def _default_bench_cassettes(folder: Path, count: int) -> list[Path]:
+    return [c.path for c in _unaided_cassettes(folder)[:count]]
 
 
 def _asked_again(servers: Mapping[str, LlamaServer], model: str, paths: Sequence[Path]
@@ -353,9 +359,10 @@ def speculative_figures(model_name: str | None = None, draft_name: str = DRAFT_M
     """Speculative decoding against plain decoding, on the very requests the default bench's
     committed run made: ``count`` cassettes replayed offline (their requests rebuilt exactly,
     digests checked) against a plain llama-server and one with ``draft_name`` as its draft.
-    ``speculative_differing_turns`` must be 0: at temperature 0 the draft decides only how
-    many tokens are checked at once, never which are kept, or it changes what the model does.
-    The tokens/s are the servers' own timings of those turns."""
+    ``speculative_differing_turns`` must be 0 for the draft to be only about speed (its target
+    in perf); measured, it is not: a batch of drafted tokens is checked with other arithmetic
+    than one token at a time, which can tip a near-tie at temperature 0. The tokens/s are the
+    servers' own timings of those turns."""
     name = model_name or DEFAULT_MODEL
     binary = ensure_llama_server()
     gguf, draft = fetch_model(name), fetch_model(draft_name)
@@ -406,8 +413,7 @@ def recorded_bench_figures(folder: Path = BENCH_RECORDINGS) -> dict[str, Any]:
     """What the default bench's committed live cassettes (hint level 0) say of its
     throughput: episodes per hour one at a time, the split of its wall time into model, guest
     and harness, and the model's tokens/s as llama-server timed them during the bench."""
-    paths = find_cassettes([folder]) if folder.is_dir() else []
-    cassettes = [c for c in (Cassette.load(p) for p in paths) if c.head.hint_level == 0]
+    cassettes = _unaided_cassettes(folder)
     if not cassettes:
         return {"bench_note": f"no hint-level-0 cassettes under {folder}"}
     splits = [split_wall_time(c.events) for c in cassettes]
