@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -180,14 +181,19 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def bad_server(script: list[str]) -> Iterator[tuple[str, BadServer]]:
-    """(endpoint, state) of a running bad server; shut down on exit."""
+def bad_server(script: list[str], tls: ssl.SSLContext | None = None
+               ) -> Iterator[tuple[str, BadServer]]:
+    """(endpoint, state) of a running bad server; shut down on exit. With ``tls`` (a server
+    context), it speaks HTTPS: each accepted connection's handshake is made in its handler."""
     state = BadServer(script)
     httpd = _Server(("127.0.0.1", 0), _handler(state))
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True,
+                                       do_handshake_on_connect=False)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{httpd.server_address[1]}", state
     finally:
         httpd.shutdown()
         httpd.server_close()

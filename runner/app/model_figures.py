@@ -20,6 +20,7 @@ interleaved, so the machine's drifting load falls on every condition alike:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -29,10 +30,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
+from runner.backends.bounded_http import http_call
 from runner.backends.llama import (
     DEFAULT_MODEL,
     LlamaServer,
@@ -42,11 +42,11 @@ from runner.backends.llama import (
     llama_fingerprint,
     model_threads,
 )
-from runner.backends.openai import OpenAIModel
+from runner.backends.openai import OpenAIModel, finite_json
 from runner.backends.process import guest_nice
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette, find_cassettes
-from runner.core.errors import RootbenchError
+from runner.core.errors import InfraError, RootbenchError
 from runner.core.model import ChatRequest
 from runner.core.paths import Bundled, bundled
 from runner.core.protocol import BudgetLeft, JsonProtocol, get_protocol
@@ -118,9 +118,13 @@ def _bench_turn(endpoint: str, model: str, turn: int, max_tokens: int = PRIORITY
     body = {"model": model, **proto.decorate(ChatRequest(messages=msgs)).payload(),
             "temperature": 0.0, "seed": 0, "max_tokens": max_tokens, "cache_prompt": True,
             "stream": False}
-    r = requests.post(f"{endpoint}/v1/chat/completions", json=body, timeout=300)
-    r.raise_for_status()
-    timings = r.json().get("timings") or {}
+    status, raw = http_call("POST", f"{endpoint}/v1/chat/completions", timeout=300,
+                            body=json.dumps(body).encode(),
+                            headers={"Content-Type": "application/json"})
+    if status != 200:
+        raise InfraError(f"llama-server answered HTTP {status} to a timed turn: "
+                             f"{raw[:120].decode(errors='replace')}")
+    timings = finite_json(raw).get("timings") or {}
     return {k: float(timings.get(k) or 0.0) for k in ("prompt_n", "prompt_ms", "predicted_n",
                                                        "predicted_ms")}
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
+from runner.backends.bounded_http import http_call
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
+from runner.backends.openai import server_props
 from runner.backends.process import die_with_parent, end_process, free_port, run_child
-from runner.core.errors import InfraError, InvalidInput
+from runner.core.errors import InfraError, InvalidInput, ModelServerError
 from runner.core.settings import whole_number
 from runner.core.waiting import wait_until
 
@@ -454,10 +454,10 @@ class LlamaServer:
             if proc.poll() is not None:
                 raise InfraError(exit_detail(proc.returncode, self.log_path, started_at))
             try:
-                r = requests.get(f"{self.endpoint}/health",
-                                 timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-                return r.status_code == 200
-            except requests.RequestException:
+                status, _ = http_call("GET", f"{self.endpoint}/health", limit=1024 * 1024,
+                                      timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                return status == 200
+            except (OSError, ModelServerError):
                 return False
 
         try:
@@ -472,8 +472,8 @@ class LlamaServer:
         if self.proc is None or self.proc.poll() is not None:
             return False
         try:
-            return requests.get(f"{self.endpoint}/health", timeout=5).status_code == 200
-        except requests.RequestException:
+            return http_call("GET", f"{self.endpoint}/health", timeout=5, limit=1024 * 1024)[0] == 200
+        except (OSError, ModelServerError):
             return False
 
     def restart(self) -> None:
@@ -488,11 +488,7 @@ class LlamaServer:
             self._log = None
 
     def props(self) -> dict[str, Any]:
-        try:
-            r = requests.get(f"{self.endpoint}/props", timeout=10)
-            return r.json() if r.status_code == 200 else {}
-        except (requests.RequestException, ValueError):
-            return {}
+        return server_props(self.endpoint, timeout=10)
 
 
 def exit_detail(code: int, log_path: Path, offset: int = 0, lines: int = 3) -> str:

@@ -8,26 +8,21 @@ requests ``choose_protocol`` reads). The API key is sent, never recorded.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import http.client
 import json
 import math
 import os
 import random
 import re
-import socket
-import ssl
-import threading
 import time
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from runner.backends.bounded_http import http_call, proxy_for
 from runner.core.errors import ContextExhausted, InvalidInput, ModelServerError
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.protocol import TOOLS
 
-MAX_REPLY_BYTES = 2 * 1024 * 1024  # a chat reply larger than this is a broken server
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 # How llama-server, vLLM and OpenAI word "the prompt is longer than the context window".
 _CONTEXT_FULL = re.compile(r"exceed_context_size|exceeds the available context|"
@@ -69,6 +64,7 @@ def check_endpoint(endpoint: str) -> SplitResult:
     if any(ord(c) < 33 or ord(c) == 127 for c in endpoint):
         raise InvalidInput(f"spaces or control characters in the URL: {endpoint!r}",
                            field="--endpoint")
+    proxy_for(url)  # a proxy variable that cannot be spoken is refused now, not mid-run
     return url
 
 
@@ -86,88 +82,6 @@ def api_url(endpoint: str, path: str) -> str:
     return urlunsplit((url.scheme, url.netloc, f"{base}/{path.lstrip('/')}", url.query, ""))
 
 
-class ReplyTimeout(OSError):
-    """The whole exchange (connect, request, headers, body) outlived its one deadline."""
-
-
-def http_call(method: str, url: str, *, timeout: float, body: bytes | None = None,
-              headers: dict[str, str] | None = None,
-              limit: int = MAX_REPLY_BYTES) -> tuple[int, bytes]:
-    """One HTTP exchange, bounded by one wall-clock deadline whatever the server does.
-
-    Socket timeouts bound each read, not the exchange: a server that drips a
-    byte every second (in its headers or its body) would keep a reader going
-    for ever. Here a watchdog thread shuts the socket down when ``timeout``
-    seconds (monotonic) have passed since the call began, which ends any
-    read in progress at once; the call then raises :class:`ReplyTimeout`.
-    A body longer than ``limit`` is :class:`ModelServerError`. Returns
-    (status, body).
-    """
-    start = time.monotonic()
-    deadline = start + timeout
-    parts = urlsplit(url)
-    target = urlunsplit(("", "", parts.path or "/", parts.query, ""))
-    first = max(0.01, min(timeout, 10.0))  # connecting must not take the whole budget
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=first,
-                                           context=ssl.create_default_context())
-    else:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=first)
-    done = threading.Event()
-    expired = threading.Event()
-
-    def watchdog() -> None:
-        # Until the call ends: at the deadline, and again every 0.1 s (a socket made after the
-        # first cut, while connecting, is cut too), shut the socket down to end any read.
-        if done.wait(max(0.0, deadline - time.monotonic())):
-            return
-        expired.set()
-        while not done.is_set():
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            done.wait(0.1)
-
-    guard = threading.Thread(target=watchdog, name="rootbench-http-deadline", daemon=True)
-    guard.start()
-
-    def check() -> None:
-        if expired.is_set() or time.monotonic() >= deadline:
-            raise ReplyTimeout(f"no complete reply within {timeout:.1f}s")
-
-    try:
-        conn.connect()
-        check()
-        if conn.sock is not None:
-            conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
-        conn.request(method, target, body=body, headers=headers or {})
-        response = conn.getresponse()
-        data = bytearray()
-        while True:
-            check()
-            chunk = response.read1(65536)  # at most one read of the socket
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > limit:
-                raise ModelServerError(f"the model server's reply is larger than "
-                                       f"{limit // (1024 * 1024)} MB")
-        check()
-        return response.status, bytes(data)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        if expired.is_set() or time.monotonic() >= deadline:
-            raise ReplyTimeout(f"no complete reply within {timeout:.1f}s") from None
-        if isinstance(exc, OSError):
-            raise
-        raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        done.set()
-        conn.close()
-        guard.join(1.0)
-
-
 def check_reachable(endpoint: str, timeout: float) -> None:
     """Refuse, in one line naming ``--endpoint``, a server that does not answer within ``timeout``.
 
@@ -180,8 +94,10 @@ def check_reachable(endpoint: str, timeout: float) -> None:
         return  # it answered, at length
     except OSError as exc:
         why = exc.strerror or str(exc) or type(exc).__name__
-        raise InvalidInput(_one_line(f"nothing answers at {endpoint} within {timeout:.0f}s: "
-                                     f"{why}"), field="--endpoint") from None
+        proxy = proxy_for(urlsplit(endpoint))
+        via = f" (through {proxy.variable} {proxy.host}:{proxy.port})" if proxy else ""
+        raise InvalidInput(_one_line(f"nothing answers at {endpoint}{via} within "
+                                     f"{timeout:.0f}s: {why}"), field="--endpoint") from None
 
 
 def finite_json(raw: bytes | str) -> Any:
