@@ -20,7 +20,6 @@ interleaved, so the machine's drifting load falls on every condition alike:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -32,7 +31,6 @@ from typing import Any
 
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
-from runner.backends.bounded_http import http_call
 from runner.backends.llama import (
     DEFAULT_MODEL,
     LlamaServer,
@@ -42,11 +40,11 @@ from runner.backends.llama import (
     llama_fingerprint,
     model_threads,
 )
-from runner.backends.openai import OpenAIModel, finite_json
+from runner.backends.openai import OpenAIModel
 from runner.backends.process import guest_nice
 from runner.backends.sandbox import Sandbox
 from runner.core.cassette import Cassette, find_cassettes
-from runner.core.errors import InfraError, RootbenchError
+from runner.core.errors import RootbenchError
 from runner.core.model import ChatRequest
 from runner.core.paths import Bundled, bundled
 from runner.core.protocol import BudgetLeft, JsonProtocol, get_protocol
@@ -115,16 +113,11 @@ def _bench_turn(endpoint: str, model: str, turn: int, max_tokens: int = PRIORITY
         {"role": "system", "content": proto.system_prompt(None, BudgetLeft(10, 600))},
         {"role": "user", "content": _TASK}, {"role": "assistant", "content": _ANSWER},
         {"role": "user", "content": _OBSERVATION.format(turn % 60) + f"\n[turn {turn}]"}]
-    body = {"model": model, **proto.decorate(ChatRequest(messages=msgs)).payload(),
-            "temperature": 0.0, "seed": 0, "max_tokens": max_tokens, "cache_prompt": True,
-            "stream": False}
-    status, raw = http_call("POST", f"{endpoint}/v1/chat/completions", timeout=300,
-                            body=json.dumps(body).encode(),
-                            headers={"Content-Type": "application/json"})
-    if status != 200:
-        raise InfraError(f"llama-server answered HTTP {status} to a timed turn: "
-                             f"{raw[:120].decode(errors='replace')}")
-    timings = finite_json(raw).get("timings") or {}
+    # the bench's own client, one attempt: a failed timed turn is an error, not a retry
+    server = OpenAIModel(endpoint, model, temperature=0.0, seed=0, max_tokens=max_tokens,
+                         retries=0)
+    reply = server.complete(proto.decorate(ChatRequest(messages=msgs)), timeout=300)
+    timings = reply.raw.get("timings") or {}
     return {k: float(timings.get(k) or 0.0) for k in ("prompt_n", "prompt_ms", "predicted_n",
                                                        "predicted_ms")}
 

@@ -453,12 +453,7 @@ class LlamaServer:
         def healthy() -> bool:
             if proc.poll() is not None:
                 raise InfraError(exit_detail(proc.returncode, self.log_path, started_at))
-            try:
-                status, _ = http_call("GET", f"{self.endpoint}/health", limit=1024 * 1024,
-                                      timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-                return status == 200
-            except (OSError, ModelServerError):
-                return False
+            return self._health_ok(max(0.1, min(2.0, deadline - time.monotonic())))
 
         try:
             wait_until(healthy, HEALTH_TIMEOUT, "llama-server health", interval=0.25,
@@ -471,8 +466,14 @@ class LlamaServer:
     def alive(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             return False
+        return self._health_ok(5)
+
+    def _health_ok(self, timeout: float) -> bool:
+        """Whether ``/health`` answers 200 within ``timeout``; anything else (refused, an
+        error status, no answer in time) is "not healthy", never an exception."""
         try:
-            return http_call("GET", f"{self.endpoint}/health", timeout=5, limit=1024 * 1024)[0] == 200
+            return http_call("GET", f"{self.endpoint}/health", timeout=timeout,
+                             limit=1024 * 1024)[0] == 200
         except (OSError, ModelServerError):
             return False
 
