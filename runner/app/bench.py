@@ -251,7 +251,7 @@ class _Progress(BenchListener):
             self.eta.finished(step.key)
         how = " (replayed from its recording)" if step.replayed else ""
         log.info("%s: %s in %.1fs%s%s", step.tag, episode.verdict, episode.seconds, how,
-                 f" ({one_line(episode.reason, 120)})" if episode.verdict is not Verdict.PASS
+                 f" ({one_line(episode.reason, 160, keep_end=True)})" if episode.verdict is not Verdict.PASS
                  else "")
 
 

@@ -54,11 +54,11 @@ def neutralize(text: str) -> str:
     return _FORMAT.sub("", text)
 
 
-def one_line(text: str, limit: int = 200) -> str:
+def one_line(text: str, limit: int = 200, *, keep_end: bool = False) -> str:
     """``text`` fit to show, on one line, at most ``limit`` characters (cut at a word, with an
-    ellipsis, by :func:`head`)."""
+    ellipsis, by :func:`head`; or, with ``keep_end``, in the middle by :func:`ends`)."""
     text = _ANY_CONTROL.sub(" ", neutralize(clean_text(str(text)))).strip()
-    text = head(" ".join(text.split()), limit)
+    text = (ends if keep_end else head)(" ".join(text.split()), limit)
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
@@ -94,6 +94,23 @@ def tail(text: str, limit: int) -> str:
         if space < limit // 2:
             cut = cut[space:]
     return "…" + cut.lstrip()
+
+
+def ends(text: str, limit: int) -> str:
+    """The start and the end of ``text`` in at most ``limit`` characters, " … " between them.
+
+    A verdict's reason is "probe name: what was seen", and what was seen ends
+    with the error (``Permission denied``) while its start is often a
+    harmless warning: a cut at the end alone would keep the warning and lose
+    the error, one at the start alone would lose which probe it was. So about
+    two fifths go to the start (:func:`head`) and the rest to the end
+    (:func:`tail`), both cut at words.
+    """
+    if len(text) <= limit or limit < 12:  # too short to hold both ends: the start alone
+        return head(text, limit)
+    front = head(text, limit * 2 // 5)
+    back = tail(text, limit - len(front) - 1)
+    return front.removesuffix("…").rstrip() + " … " + back.removeprefix("…")
 
 
 def printable(text: str) -> str:

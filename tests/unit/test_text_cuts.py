@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.core.text import head, one_line, tail
+from runner.core.text import ends, head, one_line, tail
 
 WORDS = st.lists(st.text(alphabet="abcdefgh/:.\"", min_size=1, max_size=12), min_size=1,
                  max_size=40).map(" ".join)
@@ -29,6 +29,31 @@ def test_tail_starts_at_a_word_boundary() -> None:
 
 def test_one_line_cuts_at_a_word() -> None:
     assert one_line("alpha beta\ngamma delta", 15) == "alpha beta…"
+
+
+def test_a_reason_cut_in_the_middle_keeps_the_probe_and_the_error() -> None:
+    # What the bench line shows of a failed episode: the start is which probe, the end the
+    # error; a warning in between is what may go (found when ssh's "Permanently added ...
+    # to the list of known hosts" hid the "Permission denied" after it).
+    why = ("user can log in over ssh with the deploy key: exit 255, wanted 0: Warning: "
+           "Permanently added '10.0.2.15' (ED25519) to the list of known hosts. "
+           "deploy@10.0.2.15: Permission denied (publickey).")
+    cut = one_line(why, 120, keep_end=True)
+    assert len(cut) <= 120 and " … " in cut
+    assert cut.startswith("user can log in over ssh") and cut.endswith("Permission denied (publickey).")
+    assert one_line(why, 120).endswith("…")  # the default still keeps the start only
+    assert ends("short", 60) == "short"
+
+
+@given(WORDS, st.integers(min_value=1, max_value=80))
+def test_a_cut_in_the_middle_keeps_within_the_limit_and_the_text_s_ends(text: str, limit: int) -> None:
+    cut = ends(text, limit)
+    assert len(cut) <= limit
+    if len(text) <= limit:
+        assert cut == text
+    elif " … " in cut:
+        front, back = cut.split(" … ", 1)
+        assert text.startswith(front) and text.endswith(back)
 
 
 @given(WORDS, st.integers(min_value=4, max_value=80))
