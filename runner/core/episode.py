@@ -622,8 +622,13 @@ def _verdict_v2(ep: Episode, post: list[ProbeResult], failed: list[ProbeResult],
 
 # Seconds from the reboot request to a guest answering with its boot done: the guest's 120 s
 # to shut down by itself, then a cold boot under TCG on a busy host (the golden boot allows
-# 240 s for a shell), then systemd settling. Measured: 100 to 220 s on the shared 2-core host.
-REBOOT_TIMEOUT = 420.0
+# 240 s for a shell), then systemd settling. Measured: 30 to 220 s on the shared 2-core host,
+# but up to 421 s in committed oracle runs made beside other VMs, and 420 s was passed often
+# enough (five verify runs, then make test's whole-suite verify on a fresh cache while
+# llama-server compiled) to make a fix that lasts an infra-error. Waiting longer costs nothing
+# when the guest is quick; only a guest that never comes back waits it out. Not recorded as
+# part of what a replay must match (a timeout decides nothing that was served).
+REBOOT_TIMEOUT = 900.0
 # The guest's seconds since boot (date -s cannot move it), read by the clean shell's builtin:
 # no binary of the guest's, which root could replace, takes part.
 UPTIME_COMMAND = 'read -r up _ < /proc/uptime && echo "$up"'
