@@ -53,6 +53,10 @@ reads is the real thing: every ``/proc`` file it opens is on the procfs it
 saw at start (a bind mount over ``/proc/net/tcp`` is on another device), and
 the systemd socket's peer is PID 1 (a fake server bound at that path is not).
 A question it cannot answer truthfully is answered ``{"tampered": why}``.
+The clean channel, which the probes of kind ``command`` still use, refuses
+to run a command (exit 126, ``[rootbench: not run, tampered: why]``) while
+a program of its PATH is hidden by another or a library is preloaded (see
+:func:`tools_tampered`).
 """
 
 import base64
@@ -74,6 +78,8 @@ sys.path[:] = []
 sys.path_importer_cache.clear()
 
 RB = sys.argv[1] if len(sys.argv) > 1 else "/run/rb"
+# Where the clean channel's tamper check looks (tests point it at a folder of their own).
+ROOT = sys.argv[2] if len(sys.argv) > 2 else ""
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 CLEAN_ENV = {"PATH": CLEAN_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
 KILL_AFTER = 2.0  # seconds between TERM and KILL when a command times out
@@ -190,8 +196,100 @@ def _kill_group(pgid, sig):
         pass
 
 
+# --- can the clean channel's programs be trusted? ----------------------------------------------
+
+TAMPERED_RC = 126  # what a refused clean command "exits" with: no probe asks for it
+
+
+def _path_folders():
+    """The clean PATH's folders in order, each once: ``(as named, real path)``. With merged
+    /usr, /sbin and /bin are links to /usr/sbin and /usr/bin and add nothing."""
+    seen, out = set(), []
+    for d in CLEAN_PATH.split(":"):
+        real = os.path.realpath(ROOT + d)
+        if real not in seen:
+            seen.add(real)
+            out.append((d, real))
+    return out
+
+
+def _dpkg_vouches(path, name_in_package):
+    """Whether a package installed the file at ``path`` as it is now: ``name_in_package`` (or
+    its pre-merged-/usr spelling) listed in a package's md5sums with the file's md5."""
+    names = {name_in_package.lstrip("/")}
+    if name_in_package.startswith("/usr/"):
+        names.add(name_in_package[5:])
+    info = ROOT + "/var/lib/dpkg/info"
+    try:
+        lists = sorted(e for e in os.listdir(info) if e.endswith(".md5sums"))
+    except OSError:
+        return False
+    for entry in lists:
+        try:
+            with open(info + "/" + entry, "rb") as f:
+                for line in f:
+                    digest, _, name = line.rstrip(b"\n").partition(b"  ")
+                    if name.decode("utf-8", "replace") in names:
+                        return _md5_path(path) == digest.decode("ascii", "replace")
+        except OSError:
+            continue
+    return False
+
+
+def _md5_path(path):
+    try:
+        with open(path, "rb") as f:
+            h = hashlib.md5()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            return h.hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
+def tools_tampered():
+    """Why the programs a clean command would run cannot be trusted now, or "".
+
+    The clean shell's PATH starts with /usr/sbin, so root can make ``grep`` or
+    ``sha256sum`` a liar without touching a package's file: a script of that name
+    in /usr/sbin is found before /usr/bin's. Every program also loads what
+    /etc/ld.so.preload names. So: nothing may be preloaded, and a name found in
+    an earlier PATH folder that is also in a later one must be the same file
+    (/usr/sbin/ip is a link to /usr/bin/ip) or the one a package installed
+    there, unchanged. Not cached: a folder's mtime is too coarse to prove it
+    unchanged; listing /usr/sbin and /usr/bin costs a few milliseconds.
+    """
+    try:
+        with open(ROOT + "/etc/ld.so.preload", "rb") as f:
+            if f.read(4096).split():
+                return "/etc/ld.so.preload makes every program load a library"
+    except OSError:
+        pass
+    listed = []
+    for named, real in _path_folders():
+        try:
+            listed.append((named, real, set(os.listdir(real))))
+        except OSError:
+            listed.append((named, real, set()))  # a missing folder: the shell says so itself
+    for i, (named, real, names) in enumerate(listed):
+        for later_named, later_real, later_names in listed[i + 1:]:
+            for name in sorted(names & later_names):
+                first, hidden = real + "/" + name, later_real + "/" + name
+                if os.path.realpath(first) == os.path.realpath(hidden):
+                    continue
+                if not _dpkg_vouches(first, named + "/" + name):
+                    return named + "/" + name + " hides " + later_named + "/" + name
+    return ""
+
+
 def run_command(zygote, sentinel, clean, timeout, cap, command):
     """Run one command; its frame line (bytes)."""
+    if clean:
+        why = tools_tampered()
+        if why:
+            # Short, the cause last: a probe's detail keeps the end of the output.
+            return frame(sentinel, b"[rootbench: not run, tampered: " + why.encode("utf-8", "replace")
+                         + b"]", TAMPERED_RC, DONE)
     # Files named apart from the sentinel: a command can see its own script's path, and must
     # not learn the sentinel from it (it could then forge its frame on the console).
     name = os.urandom(8).hex()

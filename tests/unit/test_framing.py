@@ -10,6 +10,7 @@ again on real VMs by the conformance suite.
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import os
 import signal
@@ -42,11 +43,15 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=3
 class LocalHelper:
     """The guest helper, started here as the SSH guest starts it (program text first on stdin)."""
 
-    def __init__(self, rb: Path) -> None:
+    def __init__(self, rb: Path, root: Path | None = None) -> None:
         self.rb = rb  # the helper's folder (its /run/rb)
+        # The folders its tamper check reads (the guest's are its /): this host's own /usr/sbin
+        # and /usr/bin are none of the test's business, so an empty tree unless a test gives one.
+        self.root = root or rb.with_name(rb.name + "-root")
+        self.root.mkdir(exist_ok=True)
         src = helper_source()
         bootstrap = helper_command().split("-c ", 1)[1].strip("'")
-        self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb)],  # as exec -a does
+        self.proc = subprocess.Popen(["python3", "-I", "-S", "-c", bootstrap, str(rb), str(self.root)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
@@ -269,3 +274,51 @@ def test_a_host_side_request_to_nothing_says_connection_error() -> None:
         result = FramedGuest({80: port}).host_http(80, "/", 5)
     assert (result.status, result.error) == (None, "ConnectionError")
     assert FramedGuest({}).host_http(8080, "/", 5).error == "guest port 8080 is not forwarded"
+
+
+# --- the clean channel refuses to run on programs it cannot trust --------------------------------
+
+def _tree(root: Path) -> None:
+    """A merged-/usr guest's PATH folders, with /usr/sbin/ip a link to /usr/bin/ip as in Debian."""
+    for d in ("usr/sbin", "usr/bin", "etc", "var/lib/dpkg/info"):
+        (root / d).mkdir(parents=True)
+    (root / "sbin").symlink_to("usr/sbin")
+    (root / "bin").symlink_to("usr/bin")
+    (root / "usr/bin/ip").write_text("the real ip")
+    (root / "usr/sbin/ip").symlink_to("../bin/ip")
+    (root / "usr/bin/grep").write_text("the real grep")
+
+
+def test_a_program_hidden_on_the_clean_path_or_a_preload_refuses_clean_commands(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _tree(root)
+    h = LocalHelper(tmp_path / "rb", root)
+    try:
+        assert h.run("echo judged", clean=True).output == "judged\n"  # ip's link hides nothing
+        # A liar named grep in /usr/sbin: found before /usr/bin/grep, no package file touched.
+        (root / "usr/sbin/grep").write_text("#!/bin/sh\nexit 0\n")
+        r = h.run("echo judged", clean=True)
+        assert (r.exit_code, r.timed_out) == (126, False), r
+        assert "tampered: /usr/sbin/grep hides /usr/bin/grep" in r.output and "judged" not in r.output
+        assert h.run("echo agent", clean=False).output == "agent\n"  # the agent's shell is not judged
+        # The same file under both names hides nothing; a package's own file, unchanged, neither.
+        (root / "usr/sbin/grep").unlink()
+        (root / "usr/sbin/grep").symlink_to("../bin/grep")
+        assert h.run("echo judged", clean=True).exit_code == 0
+        (root / "usr/sbin/grep").unlink()
+        (root / "usr/sbin/grep").write_text("grep as the package ships it")
+        md5 = hashlib.md5(b"grep as the package ships it").hexdigest()
+        (root / "var/lib/dpkg/info/grep.md5sums").write_text(f"{md5}  sbin/grep\n")  # the old spelling
+        assert h.run("echo judged", clean=True).exit_code == 0
+        (root / "usr/sbin/grep").write_text("grep as root rewrote it")
+        assert "tampered: /usr/sbin/grep hides" in h.run("echo judged", clean=True).output
+        (root / "usr/sbin/grep").unlink()
+        assert h.run("echo judged", clean=True).exit_code == 0
+        # Every program would load a library of root's choosing.
+        (root / "etc/ld.so.preload").write_text("\n  \n")
+        assert h.run("echo judged", clean=True).exit_code == 0  # blank: nothing preloaded
+        (root / "etc/ld.so.preload").write_text("/usr/local/lib/liar.so\n")
+        r = h.run("echo judged", clean=True)
+        assert r.exit_code == 126 and "tampered: /etc/ld.so.preload" in r.output, r
+    finally:
+        h.close()

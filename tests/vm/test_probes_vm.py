@@ -103,3 +103,31 @@ def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image: BuiltImage,
                    "for i in $(seq 100); do [ -S /run/systemd/private ] && exit 0; sleep 0.2; done; exit 1")
         outcome, detail = ServiceProbe("nginx", active=True).check(guest, V2)
         assert outcome is FAIL and "not systemd (pid 1)" in detail, detail
+
+
+@pytest.mark.vm
+def test_a_command_probe_is_not_fooled_by_a_program_hidden_on_its_path(image: BuiltImage,
+                                                                       no_new_qemu: None) -> None:
+    """A ``command`` probe runs the guest's programs: root can hide ``grep`` behind a liar in
+    /usr/sbin (first on the clean PATH) without touching a package's file, or preload a
+    library into every program. The clean channel then refuses to run, and the probe fails
+    naming the cause; the agent's own shell is not judged."""
+    from runner.backends.sandbox import Sandbox
+    from runner.core.probes import CommandProbe
+
+    absent = CommandProbe("grep -q 'no such text' /etc/hostname", exit_code=0)
+    with Sandbox(image.name, accel="auto") as box:
+        guest = box.guest
+        assert absent.check(guest, V2)[0] is FAIL  # the honest grep finds nothing
+        _sh(guest, "printf '#!/bin/sh\\nexit 0\\n' > /usr/sbin/grep && chmod 755 /usr/sbin/grep")
+        assert _sh(guest, "grep -q 'no such text' /etc/hostname && echo lied") == "lied\n"
+        outcome, detail = absent.check(guest, V2)
+        assert outcome is FAIL and detail.endswith("tampered: /usr/sbin/grep hides /usr/bin/grep]"), detail
+        _sh(guest, "rm /usr/sbin/grep && ln -s /usr/bin/grep /usr/sbin/grep")  # the same file: fine
+        assert absent.check(guest, V2)[0] is FAIL
+        assert CommandProbe("grep -q rootbench /etc/hostname").check(guest, V2)[0] is PASS
+        _sh(guest, "echo /nonexistent/liar.so > /etc/ld.so.preload")
+        outcome, detail = CommandProbe("true").check(guest, V2)
+        assert outcome is FAIL and "tampered: /etc/ld.so.preload" in detail, detail
+        _sh(guest, "rm /etc/ld.so.preload")
+        assert CommandProbe("true").check(guest, V2)[0] is PASS
