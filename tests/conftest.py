@@ -16,6 +16,7 @@ carries another kind's marker.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,17 @@ def qemu_children(parent: int | None = None) -> set[int]:
     out = subprocess.run(["pgrep", "-P", str(parent or os.getpid()), "-f", "qemu-system-x86_64"],
                          capture_output=True, text=True, timeout=10)
     return {int(p) for p in out.stdout.split()}
+
+
+def first_finished_episode(runs: Path, bench: subprocess.Popen[str], deadline: float) -> Path | None:
+    """The ``results.json`` under ``runs`` of the bench running as ``bench``, once it holds a
+    finished episode; None if the bench ends first or the monotonic ``deadline`` passes."""
+    while time.monotonic() < deadline and bench.poll() is None:
+        found = list(runs.glob("*/results.json"))
+        if found and json.loads(found[0].read_text())["episodes"]:
+            return found[0]
+        time.sleep(0.2)
+    return None
 
 
 def snapshot_hashes(snapshot: Path) -> dict[str, tuple[str, int]]:

@@ -19,7 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Cli, cli_argv, qemu_children, qemu_pids, snapshot_hashes
+from conftest import (
+    Cli,
+    cli_argv,
+    first_finished_episode,
+    qemu_children,
+    qemu_pids,
+    snapshot_hashes,
+)
 from tabulate import tabulate
 
 from runner.app.agents import AgentChoice
@@ -192,13 +199,7 @@ def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> No
         # the same two cores), where one TCG episode has taken over five minutes. A quick machine
         # waits no longer for it.
         deadline = time.monotonic() + 900
-        results = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = list(tmp_path.glob("*/results.json"))
-            if found and json.loads(found[0].read_text())["episodes"]:
-                results = found[0]
-                break
-            time.sleep(0.2)
+        results = first_finished_episode(tmp_path, proc, deadline)
         assert results is not None, _ended_or_killed(proc)
         ours: set[int] = set()  # only this bench's QEMU: the machine may run other benches
         while time.monotonic() < deadline and not ours:  # the second scenario's VM is up

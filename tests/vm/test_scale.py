@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Cli, CliResult, cli_argv, run_cli
+from conftest import Cli, CliResult, cli_argv, first_finished_episode, run_cli
 
 from runner.core.paths import repo_root
 
@@ -71,14 +71,7 @@ def test_ctrl_c_during_a_jobs_2_bench_tears_down_and_keeps_the_finished(tmp_path
                                      "rogue-port-80", "nginx-config-syntax"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **_env(tmp)}, start_new_session=True)
-    deadline = time.monotonic() + 600
-    results = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        found = list(runs.glob("*/results.json"))
-        if found and json.loads(found[0].read_text())["episodes"]:
-            results = found[0]
-            break
-        time.sleep(0.2)
+    results = first_finished_episode(runs, proc, time.monotonic() + 600)
     assert results is not None, "no episode finished"
     time.sleep(2)  # the next episodes' VMs are up now
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
