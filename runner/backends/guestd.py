@@ -230,21 +230,10 @@ def _dpkg_vouches(path, name_in_package):
                 for line in f:
                     digest, _, name = line.rstrip(b"\n").partition(b"  ")
                     if name.decode("utf-8", "replace") in names:
-                        return _md5_path(path) == digest.decode("ascii", "replace")
+                        return _digest_path(path, "md5") == digest.decode("ascii", "replace")
         except OSError:
             continue
     return False
-
-
-def _md5_path(path):
-    try:
-        with open(path, "rb") as f:
-            h = hashlib.md5()
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-            return h.hexdigest()
-    except (OSError, ValueError):
-        return None
 
 
 def tools_tampered():
@@ -400,7 +389,7 @@ READ_CAP = 700000  # bytes of a file's content or an HTTP body: base64 in JSON f
 UNIT_TYPES = (".service", ".socket", ".target", ".device", ".mount", ".automount", ".swap",
               ".timer", ".path", ".slice", ".scope")
 PINNED: "dict[str, str | None]" = {}  # path -> sha256 of the file there the first time a question named it
-HASHED: "dict[tuple[int, int, int, int, int], str]" = {}  # (st_dev, st_ino, size, mtime_ns, ctime_ns) -> sha256, so a big binary is read once
+HASHED: "dict[tuple[str, int, int, int, int, int], str]" = {}  # (algorithm, st_dev, st_ino, size, mtime_ns, ctime_ns) -> digest, so a big binary is read once
 
 
 class Tampered(Exception):
@@ -426,11 +415,11 @@ def _proc_read(rel, cap=1 << 20):
         os.close(fd)
 
 
-def _sha256_fd(fd):
+def _digest_fd(fd, algorithm="sha256"):
     st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    key = (algorithm, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in HASHED:
-        h = hashlib.sha256()
+        h = hashlib.new(algorithm)
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
@@ -440,8 +429,9 @@ def _sha256_fd(fd):
     return HASHED[key]
 
 
-def _sha256_path(path):
-    """The sha256 of what ``path`` (or the ``/proc``-relative magic link) opens, or None."""
+def _digest_path(path, algorithm="sha256"):
+    """The digest of what ``path`` (or the ``/proc``-relative magic link) opens, or None if it
+    is not a regular file (opened without blocking: a FIFO there cannot wedge the helper)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -449,7 +439,7 @@ def _sha256_path(path):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return _sha256_fd(fd)
+        return _digest_fd(fd, algorithm)
     finally:
         os.close(fd)
 
@@ -507,7 +497,7 @@ def _process(pid, want_hash):
             info["sha256"] = None
         else:
             try:
-                info["sha256"] = _sha256_fd(fd)
+                info["sha256"] = _digest_fd(fd)
             finally:
                 os.close(fd)
     return info
@@ -525,7 +515,7 @@ def ask_port(q):
         # The reference is the file at that path the first time a question named it: the
         # baseline or the pre-check, before the agent had a shell.
         if exe not in PINNED:
-            PINNED[exe] = _sha256_path(exe)
+            PINNED[exe] = _digest_path(exe)
         answer["exe"] = {"path": exe, "resolved": os.path.realpath(exe), "sha256": PINNED[exe]}
     if not inodes:
         return answer

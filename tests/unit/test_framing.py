@@ -313,6 +313,9 @@ def test_a_program_hidden_on_the_clean_path_or_a_preload_refuses_clean_commands(
         (root / "usr/sbin/grep").write_text("grep as root rewrote it")
         assert "tampered: /usr/sbin/grep hides" in h.run("echo judged", clean=True).output
         (root / "usr/sbin/grep").unlink()
+        os.mkfifo(root / "usr/sbin/grep")  # a FIFO by the package's name: refused, never read
+        assert "tampered: /usr/sbin/grep hides" in h.run("echo judged", clean=True).output
+        (root / "usr/sbin/grep").unlink()
         assert h.run("echo judged", clean=True).exit_code == 0
         # Every program would load a library of root's choosing.
         (root / "etc/ld.so.preload").write_text("\n  \n")
