@@ -55,8 +55,9 @@ the systemd socket's peer is PID 1 (a fake server bound at that path is not).
 A question it cannot answer truthfully is answered ``{"tampered": why}``.
 The clean channel, which the probes of kind ``command`` still use, refuses
 to run a command (exit 126, ``[rootbench: not run, tampered: why]``) while
-a program of its PATH is hidden by another or a library is preloaded (see
-:func:`tools_tampered`).
+a program of its PATH is not what its package installed, is hidden by
+another, or a library is preloaded, and does not pass on the output of one
+during which a program changed (see :func:`tools_tampered`).
 """
 
 import base64
@@ -199,6 +200,9 @@ def _kill_group(pgid, sig):
 # --- can the clean channel's programs be trusted? ----------------------------------------------
 
 TAMPERED_RC = 126  # what a refused clean command "exits" with: no probe asks for it
+PACKAGED: "dict[str, str]" = {}  # dpkg's name of a program ("usr/bin/grep", merged /usr) -> its md5, read at start
+AT_START: "dict[str, tuple[object, str]]" = {}  # each program as the clean PATH names it -> (signature, real path) at start
+TRUSTED: "set[tuple[str, object]]" = set()  # (program as named, signature): proven since; a program is hashed once per change
 
 
 def _path_folders():
@@ -213,72 +217,187 @@ def _path_folders():
     return out
 
 
-def _dpkg_vouches(path, name_in_package):
-    """Whether a package installed the file at ``path`` as it is now: ``name_in_package`` (or
-    its pre-merged-/usr spelling) listed in a package's md5sums with the file's md5."""
-    names = {name_in_package.lstrip("/")}
-    if name_in_package.startswith("/usr/"):
-        names.add(name_in_package[5:])
+LISTINGS: "dict[str, tuple[tuple[int, int, int, int], list[tuple[str, str]]]]" = {}  # a PATH folder's real path -> (its stat, its programs): listed again when it changes
+
+
+def _listed():
+    """``(folder as named, [(program as named, its path)...])`` for each PATH folder, in order.
+    A folder's mtime moves whenever a name in it is added, removed or renamed, so its list is
+    read again only then (what is behind a name is judged by :func:`_signature`)."""
+    out = []
+    for named, real in _path_folders():
+        try:
+            st = os.stat(real)
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            if LISTINGS.get(real, (None,))[0] != key:
+                LISTINGS[real] = (key, [(named + "/" + n, real + "/" + n) for n in sorted(os.listdir(real))])
+            out.append((named, LISTINGS[real][1]))
+        except OSError:
+            out.append((named, []))  # a missing folder: the shell says so itself
+    return out
+
+
+def _merged(name):
+    """A name as merged /usr spells it, without the leading slash: dpkg lists ``bin/grep`` for
+    what is /usr/bin/grep, and /sbin/x is /usr/sbin/x."""
+    name = name.lstrip("/")
+    if name.split("/", 1)[0] in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        return "usr/" + name
+    return name
+
+
+def _real_name(path):
+    """dpkg's kind of name for the file ``path`` finally leads to, or None if it is outside
+    the root the helper judges."""
+    real, root = os.path.realpath(path), os.path.realpath(ROOT) if ROOT else ""
+    return _merged(real[len(root):]) if real.startswith(root + "/") else None
+
+
+def _signature(path):
+    """What changes whenever the program at ``path`` does: its lstat and, for a link, the stat
+    of what it leads to. Content written in place (through any link or a shared mapping)
+    moves mtime and ctime, which root cannot set back; a file put in its place is another
+    inode. None if nothing is there."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    sig: tuple[object, ...] = (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+            sig += (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            sig += (None,)
+    return sig
+
+
+def _as_packaged(path, name):
+    """Whether what ``path`` opens is, byte for byte, the file a package installed as ``name``."""
+    want = PACKAGED.get(name)
+    return want is not None and _digest_path(path, "md5") == want
+
+
+def remember_programs():
+    """Learn, once at start, what the clean PATH's programs must be.
+
+    The helper starts in a fresh guest (the golden snapshot's) before any scenario
+    or agent ran, so what dpkg's md5sums say then is the truth, and every program a
+    package installed is hashed against it now: afterwards only a changed signature
+    costs a hash. A helper started later (after a reboot, or over SSH) still finds a
+    package's program that root rewrote. Programs no package lists (Debian's links:
+    awk, pager, python3 ...) are taken as they are now.
+    """
+    listed = _listed()
+    prefixes = tuple(_merged(named) + "/" for named, _real in _path_folders())
+    links = {_real_name(path) for _named, programs in listed for _program, path in programs
+             if os.path.islink(path)}
     info = ROOT + "/var/lib/dpkg/info"
     try:
         lists = sorted(e for e in os.listdir(info) if e.endswith(".md5sums"))
     except OSError:
-        return False
+        lists = []
     for entry in lists:
         try:
             with open(info + "/" + entry, "rb") as f:
                 for line in f:
                     digest, _, name = line.rstrip(b"\n").partition(b"  ")
-                    if name.decode("utf-8", "replace") in names:
-                        return _digest_path(path, "md5") == digest.decode("ascii", "replace")
+                    name = _merged(name.decode("utf-8", "replace"))
+                    if name.startswith(prefixes) or name in links:
+                        PACKAGED[name] = digest.decode("ascii", "replace")
         except OSError:
             continue
-    return False
+    for _named, programs in listed:
+        for program, path in programs:
+            sig = _signature(path)
+            AT_START[program] = (sig, os.path.realpath(path))
+            if _merged(program) not in PACKAGED or _as_packaged(path, _merged(program)):
+                TRUSTED.add((program, sig))
+
+
+def _program_untrusted(program, path, sig):
+    """Why the program the PATH names ``program`` (found at ``path``, whose signature is
+    ``sig``) cannot be trusted, or ""."""
+    if sig is None or (program, sig) in TRUSTED:
+        return ""
+    own = _merged(program)
+    if own in PACKAGED:
+        if not _as_packaged(path, own):
+            return program + " is not the file its package installed"
+    else:
+        start = AT_START.get(program)
+        if start is None:
+            return ""  # a program no package has, new: judged only if it hides another
+        # Changed since start: only a link still leading to the same packaged file, unchanged.
+        if not stat.S_ISLNK(sig[0]) or os.path.realpath(path) != start[1]:
+            return program + " is not the program it was"
+        target = _real_name(path)
+        if not _as_packaged(path, target):
+            if target in PACKAGED:  # name the file rewritten, not each link to it (halt -> systemctl)
+                return "/" + target + " is not the file its package installed"
+            return program + " is not the program it was"
+    TRUSTED.add((program, sig))
+    return ""
 
 
 def tools_tampered():
-    """Why the programs a clean command would run cannot be trusted now, or "".
+    """Why the programs a clean command would run cannot be trusted now, or "", and the
+    signature of each program (see :func:`changed_while_running`).
 
-    The clean shell's PATH starts with /usr/sbin, so root can make ``grep`` or
-    ``sha256sum`` a liar without touching a package's file: a script of that name
-    in /usr/sbin is found before /usr/bin's. Every program also loads what
-    /etc/ld.so.preload names. So: nothing may be preloaded, and a name found in
-    an earlier PATH folder that is also in a later one must be the same file
-    (/usr/sbin/ip is a link to /usr/bin/ip) or the one a package installed
-    there, unchanged. Not cached: a folder's mtime is too coarse to prove it
-    unchanged; listing /usr/sbin and /usr/bin costs a few milliseconds.
+    Root can make ``grep`` or ``sha256sum`` a liar three ways, and each is
+    refused: rewrite it (every program the PATH offers must be what its package
+    installed, or as it was at start; see :func:`remember_programs`), hide it (the
+    clean PATH starts with /usr/sbin, so a script of that name there is found before
+    /usr/bin's: a name also in a later folder must be the same file or a package's
+    own there), or make every program load a library (/etc/ld.so.preload must name
+    nothing). Not cached: only a new stat proves a file unchanged; the ~600 lstat
+    cost about 15 ms under TCG. What a program loads beyond its own file (shared
+    libraries, a script's modules) is not judged.
     """
+    sigs: dict[str, object] = {}
     try:
         with open(ROOT + "/etc/ld.so.preload", "rb") as f:
             if f.read(4096).split():
-                return "/etc/ld.so.preload makes every program load a library"
+                return "/etc/ld.so.preload makes every program load a library", sigs
     except OSError:
         pass
-    listed = []
-    for named, real in _path_folders():
-        try:
-            listed.append((named, real, set(os.listdir(real))))
-        except OSError:
-            listed.append((named, real, set()))  # a missing folder: the shell says so itself
-    for i, (named, real, names) in enumerate(listed):
-        for later_named, later_real, later_names in listed[i + 1:]:
-            for name in sorted(names & later_names):
-                first, hidden = real + "/" + name, later_real + "/" + name
-                if os.path.realpath(first) == os.path.realpath(hidden):
+    listed = _listed()
+    for _named, programs in listed:
+        for program, path in programs:
+            sig = sigs[program] = _signature(path)
+            why = _program_untrusted(program, path, sig)
+            if why:
+                return why, sigs
+    for i, (named, programs) in enumerate(listed):
+        paths = {program[len(named):]: path for program, path in programs}  # "/grep" -> path
+        for later_named, later_programs in listed[i + 1:]:
+            for program, hidden in later_programs:
+                name = program[len(later_named):]
+                first = paths.get(name)
+                if first is None or os.path.realpath(first) == os.path.realpath(hidden):
                     continue
-                if not _dpkg_vouches(first, named + "/" + name):
-                    return named + "/" + name + " hides " + later_named + "/" + name
+                if _merged(named + name) not in PACKAGED:  # a package's own was proven above
+                    return named + name + " hides " + program, sigs
+    return "", sigs
+
+
+def changed_while_running(before, after):
+    """Which program the guest had at start (or a package has) changed while a clean command
+    ran, or "": judged before and after, a liar swapped in for the command's run and the
+    real file put back (timed by watching /run/rb) leaves only this trace. New programs
+    (a package the scenario's setup installs) are judged before the next command."""
+    for program, sig in before.items():
+        if after.get(program) != sig and (program in AT_START or _merged(program) in PACKAGED):
+            return program + " changed while the command ran"
     return ""
 
 
 def run_command(zygote, sentinel, clean, timeout, cap, command):
     """Run one command; its frame line (bytes)."""
     if clean:
-        why = tools_tampered()
+        why, before = tools_tampered()
         if why:
-            # Short, the cause last: a probe's detail keeps the end of the output.
-            return frame(sentinel, b"[rootbench: not run, tampered: " + why.encode("utf-8", "replace")
-                         + b"]", TAMPERED_RC, DONE)
+            return _refused(sentinel, "not run", why)
     # Files named apart from the sentinel: a command can see its own script's path, and must
     # not learn the sentinel from it (it could then forge its frame on the console).
     name = os.urandom(8).hex()
@@ -320,7 +439,19 @@ def run_command(zygote, sentinel, clean, timeout, cap, command):
             os.unlink(path)
         except OSError:
             pass
+    if clean:
+        why, after = tools_tampered()
+        why = why or changed_while_running(before, after)
+        if why:
+            return _refused(sentinel, "not judged", why)  # what it printed may be a liar's
     return frame(sentinel, (data + note)[: cap + 1], rc, outcome)
+
+
+def _refused(sentinel, what, why):
+    """The frame of a clean command whose programs cannot be trusted: short, the cause last (a
+    probe's detail keeps the end of the output)."""
+    return frame(sentinel, b"[rootbench: " + what.encode() + b", tampered: " + why.encode("utf-8", "replace")
+                 + b"]", TAMPERED_RC, DONE)
 
 
 def _read_head(path, size):
@@ -904,6 +1035,7 @@ def main():
             f.write("rb-guest")  # so an agent's `pkill python3` leaves the channel alone
     except OSError:
         pass
+    remember_programs()  # before the first ping is answered: the guest is as its image made it
     agent_env = dict(os.environ)
     agent_env["TERM"] = "dumb"
     zygotes = {"a": Zygote(agent_env, "/root" if os.path.isdir("/root") else "/"),

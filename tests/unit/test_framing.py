@@ -278,15 +278,36 @@ def test_a_host_side_request_to_nothing_says_connection_error() -> None:
 
 # --- the clean channel refuses to run on programs it cannot trust --------------------------------
 
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()
+
+
 def _tree(root: Path) -> None:
-    """A merged-/usr guest's PATH folders, with /usr/sbin/ip a link to /usr/bin/ip as in Debian."""
-    for d in ("usr/sbin", "usr/bin", "etc", "var/lib/dpkg/info"):
+    """A merged-/usr guest's PATH folders as Debian has them: /usr/sbin/ip a link to
+    /usr/bin/ip, awk a link through /etc/alternatives to mawk, and dpkg's md5sums of each
+    package's own files (some in the old /bin spelling; /usr/sbin/grep listed but absent)."""
+    for d in ("usr/sbin", "usr/bin", "etc/alternatives", "var/lib/dpkg/info"):
         (root / d).mkdir(parents=True)
     (root / "sbin").symlink_to("usr/sbin")
     (root / "bin").symlink_to("usr/bin")
-    (root / "usr/bin/ip").write_text("the real ip")
+    shipped = {"usr/bin/ip": "the real ip", "usr/bin/grep": "the real grep", "usr/bin/mawk": "the real mawk",
+               "usr/bin/true": "the real true"}
+    for name, text in shipped.items():
+        (root / name).write_text(text)
     (root / "usr/sbin/ip").symlink_to("../bin/ip")
-    (root / "usr/bin/grep").write_text("the real grep")
+    (root / "etc/alternatives/awk").symlink_to("../../usr/bin/mawk")
+    (root / "usr/bin/awk").symlink_to("../../etc/alternatives/awk")
+    (root / "usr/bin/tool").write_text("a program no package lists")
+    (root / "var/lib/dpkg/info/base.md5sums").write_text(
+        f"{_md5('the real ip')}  bin/ip\n{_md5('the real grep')}  bin/grep\n"
+        f"{_md5('the real mawk')}  usr/bin/mawk\n{_md5('the real true')}  bin/true\n"
+        f"{_md5('grep as the package ships it')}  sbin/grep\n")
+
+
+def _refused(h: LocalHelper, why: str) -> None:
+    r = h.run("echo judged", clean=True)
+    assert (r.exit_code, r.timed_out) == (126, False), r
+    assert r.output == f"[rootbench: not run, tampered: {why}]", r.output  # nothing ran
 
 
 def test_a_program_hidden_on_the_clean_path_or_a_preload_refuses_clean_commands(tmp_path: Path) -> None:
@@ -295,26 +316,22 @@ def test_a_program_hidden_on_the_clean_path_or_a_preload_refuses_clean_commands(
     h = LocalHelper(tmp_path / "rb", root)
     try:
         assert h.run("echo judged", clean=True).output == "judged\n"  # ip's link hides nothing
-        # A liar named grep in /usr/sbin: found before /usr/bin/grep, no package file touched.
-        (root / "usr/sbin/grep").write_text("#!/bin/sh\nexit 0\n")
-        r = h.run("echo judged", clean=True)
-        assert (r.exit_code, r.timed_out) == (126, False), r
-        assert "tampered: /usr/sbin/grep hides /usr/bin/grep" in r.output and "judged" not in r.output
+        # A liar named true in /usr/sbin: found before /usr/bin/true, no package file touched.
+        (root / "usr/sbin/true").write_text("#!/bin/sh\nexit 0\n")
+        _refused(h, "/usr/sbin/true hides /usr/bin/true")
         assert h.run("echo agent", clean=False).output == "agent\n"  # the agent's shell is not judged
+        (root / "usr/sbin/true").unlink()
         # The same file under both names hides nothing; a package's own file, unchanged, neither.
-        (root / "usr/sbin/grep").unlink()
-        (root / "usr/sbin/grep").symlink_to("../bin/grep")
+        (root / "usr/sbin/mawk").symlink_to("../bin/mawk")
         assert h.run("echo judged", clean=True).exit_code == 0
-        (root / "usr/sbin/grep").unlink()
-        (root / "usr/sbin/grep").write_text("grep as the package ships it")
-        md5 = hashlib.md5(b"grep as the package ships it").hexdigest()
-        (root / "var/lib/dpkg/info/grep.md5sums").write_text(f"{md5}  sbin/grep\n")  # the old spelling
+        (root / "usr/sbin/mawk").unlink()
+        (root / "usr/sbin/grep").write_text("grep as the package ships it")  # listed as sbin/grep
         assert h.run("echo judged", clean=True).exit_code == 0
         (root / "usr/sbin/grep").write_text("grep as root rewrote it")
-        assert "tampered: /usr/sbin/grep hides" in h.run("echo judged", clean=True).output
+        _refused(h, "/usr/sbin/grep is not the file its package installed")
         (root / "usr/sbin/grep").unlink()
         os.mkfifo(root / "usr/sbin/grep")  # a FIFO by the package's name: refused, never read
-        assert "tampered: /usr/sbin/grep hides" in h.run("echo judged", clean=True).output
+        _refused(h, "/usr/sbin/grep is not the file its package installed")
         (root / "usr/sbin/grep").unlink()
         assert h.run("echo judged", clean=True).exit_code == 0
         # Every program would load a library of root's choosing.
@@ -323,5 +340,70 @@ def test_a_program_hidden_on_the_clean_path_or_a_preload_refuses_clean_commands(
         (root / "etc/ld.so.preload").write_text("/usr/local/lib/liar.so\n")
         r = h.run("echo judged", clean=True)
         assert r.exit_code == 126 and "tampered: /etc/ld.so.preload" in r.output, r
+    finally:
+        h.close()
+
+
+def test_a_program_rewritten_in_place_or_relinked_refuses_clean_commands(tmp_path: Path) -> None:
+    """No new name, no hiding: the package's own file rewritten (in place, through a hard
+    link), what a link leads to rewritten or swapped for another program, an unpackaged
+    program changed. Put back as it was, each is trusted again; a new program hiding
+    nothing is no one's business."""
+    root = tmp_path / "root"
+    _tree(root)
+    h = LocalHelper(tmp_path / "rb", root)
+    try:
+        assert h.run("echo judged", clean=True).output == "judged\n"
+        grep = root / "usr/bin/grep"
+        grep.write_text("#!/bin/sh\nexit 0\n")
+        _refused(h, "/usr/bin/grep is not the file its package installed")
+        grep.write_text("the real grep")  # the same bytes again (a new mtime): trusted
+        assert h.run("echo judged", clean=True).exit_code == 0
+        os.link(grep, root / "hardlink")  # written through another name: the same inode changes
+        with open(root / "hardlink", "r+b") as f:
+            f.write(b"THE")
+        _refused(h, "/usr/bin/grep is not the file its package installed")
+        grep.write_text("the real grep")
+        assert h.run("echo judged", clean=True).exit_code == 0
+        # awk -> /etc/alternatives/awk -> mawk: the file at the end rewritten, then another
+        # packaged program put at the end of the link.
+        (root / "usr/bin/mawk").write_text("a liar")
+        _refused(h, "/usr/bin/mawk is not the file its package installed")  # found by awk's link first
+        (root / "usr/bin/mawk").write_text("the real mawk")
+        assert h.run("echo judged", clean=True).exit_code == 0
+        (root / "etc/alternatives/awk").unlink()
+        (root / "etc/alternatives/awk").symlink_to("../../usr/bin/true")
+        _refused(h, "/usr/bin/awk is not the program it was")
+        (root / "etc/alternatives/awk").unlink()
+        (root / "etc/alternatives/awk").symlink_to("../../usr/bin/mawk")
+        assert h.run("echo judged", clean=True).exit_code == 0
+        # A program no package lists, as it was at start: trusted until it changes.
+        (root / "usr/bin/tool").write_text("rewritten")
+        _refused(h, "/usr/bin/tool is not the program it was")
+        (root / "usr/bin/tool").unlink()
+        assert h.run("echo judged", clean=True).exit_code == 0  # gone: the shell finds none
+        (root / "usr/bin/new-tool").write_text("a new program, hiding nothing")
+        assert h.run("echo judged", clean=True).exit_code == 0
+        # Swapped for the command's run and put back: seen as a change, the output not judged.
+        swap = f"cp {grep} {root}/g && echo liar > {grep} && echo lied && cat {root}/g > {grep}"
+        r = h.run(swap, clean=True)
+        assert (r.exit_code, r.output) == (126, "[rootbench: not judged, tampered: /usr/bin/grep changed while "
+                                                "the command ran]"), r
+        assert h.run("echo judged", clean=True).output == "judged\n"  # as its package has it again
+        # A command installing a program (a scenario's setup, a package's upgrade) is judged as usual.
+        r = h.run(f"echo v1 > {root}/usr/sbin/exporter && echo v2 > {root}/usr/sbin/exporter && echo set", clean=True)
+        assert (r.exit_code, r.output) == (0, "set\n"), r
+        grep.unlink()
+        grep.symlink_to("true")  # a packaged name now leading to another packaged program
+        _refused(h, "/usr/bin/grep is not the file its package installed")
+    finally:
+        h.close()
+    # A helper started after the tampering (as after a reboot) still knows the package's file.
+    h = LocalHelper(tmp_path / "rb2", root)
+    try:
+        _refused(h, "/usr/bin/grep is not the file its package installed")
+        grep.unlink()
+        grep.write_text("the real grep")
+        assert h.run("echo judged", clean=True).exit_code == 0
     finally:
         h.close()

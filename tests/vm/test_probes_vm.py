@@ -40,8 +40,9 @@ def _sh(guest: Guest, command: str) -> str:
 def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image: BuiltImage, no_new_qemu: None) -> None:
     """Tools replaced, a fake ``nginx``, a mount over /proc, a fake systemd: rules 2 see through all.
 
-    The same probes under rules 1 are shown fooled by the replaced tools
-    first, so the test proves the threat as well as the defence.
+    The replaced tools are shown lying to the agent's own shell first, so the
+    test proves the threat as well as the defence; rules 1, which run those
+    tools, are refused by the clean channel (they are not their packages' files).
     """
     from runner.backends.sandbox import Sandbox
 
@@ -64,7 +65,11 @@ def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image: BuiltImage,
             _sh(guest, f"printf '%s\\n' '#!/bin/sh' {shlex.quote(body)} > {path}")
         lied = [ServiceProbe("nginx", active=True, enabled=True), PortProbe(80, process="nginx"),
                 HttpProbe(site, body_contains="Welcome to nginx!"), FileProbe("/etc/nginx/nginx.conf", mode="644")]
-        assert [p.check(guest, V1)[0] for p in lied] == [PASS] * 4, "rules 1 believe the tools"
+        assert _sh(guest, "systemctl is-active nginx; stat -c %a /etc/nginx/nginx.conf") == "active\nenabled\n" \
+            "644|root|root|regular file\n", "the tools lie"
+        believed = [p.check(guest, V1) for p in lied]
+        assert all(o is not PASS for o, _d in believed), believed  # details cut short: not all show why
+        assert "tampered: /usr/bin/systemctl is not the file its package installed" in believed[0][1], believed
         seen = [p.check(guest, V2) for p in lied]
         assert [s[0] for s in seen] == [FAIL] * 4, seen
         assert seen[0][1] == "nginx: inactive, disabled"
@@ -109,9 +114,10 @@ def test_rules_2_probes_are_not_fooled_by_a_root_that_tampers(image: BuiltImage,
 def test_a_command_probe_is_not_fooled_by_a_program_hidden_on_its_path(image: BuiltImage,
                                                                        no_new_qemu: None) -> None:
     """A ``command`` probe runs the guest's programs: root can hide ``grep`` behind a liar in
-    /usr/sbin (first on the clean PATH) without touching a package's file, or preload a
-    library into every program. The clean channel then refuses to run, and the probe fails
-    naming the cause; the agent's own shell is not judged."""
+    /usr/sbin (first on the clean PATH) without touching a package's file, preload a library
+    into every program, rewrite ``grep`` itself or point a link (awk's alternative) at another
+    program. The clean channel then refuses to run, and the probe fails naming the cause; the
+    agent's own shell is not judged."""
     from runner.backends.sandbox import Sandbox
     from runner.core.probes import CommandProbe
 
@@ -130,4 +136,19 @@ def test_a_command_probe_is_not_fooled_by_a_program_hidden_on_its_path(image: Bu
         outcome, detail = CommandProbe("true").check(guest, V2)
         assert outcome is FAIL and "tampered: /etc/ld.so.preload" in detail, detail
         _sh(guest, "rm /etc/ld.so.preload")
+        assert CommandProbe("true").check(guest, V2)[0] is PASS
+        # No name added: grep's own file rewritten in place, then awk's alternative pointed at
+        # another program. Put back, each is trusted again.
+        _sh(guest, "cp -a /usr/bin/grep /root/grep.real && printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/grep")
+        assert _sh(guest, "grep -q 'no such text' /etc/hostname && echo lied") == "lied\n"
+        outcome, detail = absent.check(guest, V2)
+        assert outcome is FAIL and detail.endswith("tampered: /usr/bin/grep is not the file its package installed]"), \
+            detail
+        _sh(guest, "cat /root/grep.real > /usr/bin/grep")
+        assert absent.check(guest, V2)[0] is FAIL
+        assert CommandProbe("grep -q rootbench /etc/hostname").check(guest, V2)[0] is PASS
+        _sh(guest, "ln -sfn /usr/bin/true /etc/alternatives/awk")
+        outcome, detail = CommandProbe("true").check(guest, V2)
+        assert outcome is FAIL and detail.endswith("tampered: /usr/bin/awk is not the program it was]"), detail
+        _sh(guest, "ln -sfn /usr/bin/mawk /etc/alternatives/awk")
         assert CommandProbe("true").check(guest, V2)[0] is PASS
