@@ -153,10 +153,17 @@ class BenchPlan:
                 and self.next_step(rd, retry) is not None]
 
     def live(self, model: AgentChoice | None, retry: bool) -> list[Round]:
-        """The rounds whose next step runs live (no recording to replay it from): what needs a
-        model server and a sandbox."""
-        return [rd for rd in self.todo(model, retry)
-                if self.recorded(rd, self.next_step(rd, retry) or 0) is None]
+        """The rounds with a step that may run live (a level from the next one up with no
+        recording to replay it from): what needs a model server and a sandbox. Every level the
+        ladder may still climb counts, not only the next: a ladder replayed at level 0 whose
+        level 2 was never recorded runs level 2 live, and must find its model there."""
+        out = []
+        for rd in self.todo(model, retry):
+            first = self.next_step(rd, retry) or 0
+            if any(self.recorded(rd, level) is None
+                   for level in levels(rd.scenario, self.arm_opts[rd.arm.label]) if level >= first):
+                out.append(rd)
+        return out
 
     def record(self, key: Key, ep: Episode) -> None:
         """An episode ended: the plan's next answers count it."""

@@ -113,7 +113,10 @@ def test_recordings_decide_what_is_replayed_and_what_runs_live(tmp_path: Path) -
     rd_a, rd_b = plan.rounds
     assert plan.recorded(rd_a, 0) == tmp_path / f"{a.id}.jsonl"
     assert plan.recorded(rd_b, 0) is None and plan.recorded(rd_b, 1) is not None
-    assert plan.live(None, retry=False) == [rd_b]  # a's next step is replayed
+    assert plan.live(None, retry=False) == [rd_a, rd_b]  # a's level 0 is replayed, not its 1 and 2
+    for level in levels(a, opts)[1:]:
+        (tmp_path / layout.cassette_name(a.id, 0, level)).write_text("{}\n")
+    assert plan.live(None, retry=False) == [rd_b]  # a's whole ladder replays: no model for it
     # --record-mode all runs everything live, whatever is recorded
     everything = BenchPlan([a, b], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ALL)
     assert everything.live(None, retry=False) == everything.rounds
