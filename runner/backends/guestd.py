@@ -201,7 +201,7 @@ def _kill_group(pgid, sig):
 
 TAMPERED_RC = 126  # what a refused clean command "exits" with: no probe asks for it
 PACKAGED: "dict[str, str]" = {}  # dpkg's name of a program ("usr/bin/grep", merged /usr) -> its md5, read at start
-AT_START: "dict[str, tuple[object, str]]" = {}  # each program as the clean PATH names it -> (signature, real path) at start
+AT_START: "dict[str, str]" = {}  # each program as the clean PATH names it -> the real path it had at start
 TRUSTED: "set[tuple[str, object]]" = set()  # (program as named, signature): proven since; a program is hashed once per change
 
 
@@ -309,10 +309,10 @@ def remember_programs():
             continue
     for _named, programs in listed:
         for program, path in programs:
-            sig = _signature(path)
-            AT_START[program] = (sig, os.path.realpath(path))
-            if _merged(program) not in PACKAGED or _as_packaged(path, _merged(program)):
-                TRUSTED.add((program, sig))
+            AT_START[program] = os.path.realpath(path)
+            own = _merged(program)
+            if own not in PACKAGED or _as_packaged(path, own):
+                TRUSTED.add((program, _signature(path)))
 
 
 def _program_untrusted(program, path, sig):
@@ -329,7 +329,7 @@ def _program_untrusted(program, path, sig):
         if start is None:
             return ""  # a program no package has, new: judged only if it hides another
         # Changed since start: only a link still leading to the same packaged file, unchanged.
-        if not stat.S_ISLNK(sig[0]) or os.path.realpath(path) != start[1]:
+        if not stat.S_ISLNK(sig[0]) or os.path.realpath(path) != start:
             return program + " is not the program it was"
         target = _real_name(path)
         if not _as_packaged(path, target):
@@ -351,7 +351,7 @@ def tools_tampered():
     /usr/bin's: a name also in a later folder must be the same file or a package's
     own there), or make every program load a library (/etc/ld.so.preload must name
     nothing). Not cached: only a new stat proves a file unchanged; the ~600 lstat
-    cost about 15 ms under TCG. What a program loads beyond its own file (shared
+    cost about 20 ms under TCG. What a program loads beyond its own file (shared
     libraries, a script's modules) is not judged.
     """
     sigs: dict[str, object] = {}
