@@ -116,7 +116,8 @@ def _ci(interval: Interval | None, sign: bool = False) -> str:
     return f" [{interval.low:{f}}, {interval.high:{f}}]"
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
+    """A p-value as compare prints it: two significant digits below 0.01, else two decimals."""
     return f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
 
 
@@ -181,16 +182,16 @@ def _text(rc: RunComparison, fmt: str) -> str:
                   f"pass rate A-B, mean over scenarios: {r.pass_diff:+.2f}"
                   f"{_ci(r.pass_diff_ci, sign=True)} ({level} bootstrap interval over scenarios)"]
     lines += [f"McNemar's exact test on the {r.pairs} paired first tries: only A passed "
-              f"{r.a_only}, only B passed {r.b_only}, p = {_p(r.mcnemar_p)}",
+              f"{r.a_only}, only B passed {r.b_only}, p = {p_text(r.mcnemar_p)}",
               "  (p: the chance of a split at least this uneven if A and B were equally good; "
               f"below {1 - r.confidence:.2g} it shows a difference)"]
     if (r.a_better, r.b_better) != (r.a_only, r.b_only):
         lines.append(f"exact sign test on the first tries' scores: A higher in {r.a_better}, "
-                     f"B higher in {r.b_better}, p = {_p(r.sign_p)}")
+                     f"B higher in {r.b_better}, p = {p_text(r.sign_p)}")
     if r.solved_p is not None:
         lines.append(f"McNemar's exact test on the {r.solved_pairs} rounds both ran with hints, "
                      f"solved at any level: only A solved {r.a_solved_only}, only B solved "
-                     f"{r.b_solved_only}, p = {_p(r.solved_p)}")
+                     f"{r.b_solved_only}, p = {p_text(r.solved_p)}")
     if r.unpaired:
         lines.append(f"{r.unpaired} scored first tries had no partner in the other run and are "
                      "left out")
@@ -215,7 +216,7 @@ def verdict_lines(rc: RunComparison) -> list[str]:
     if r.solved_winner:
         better, worse = (a, b) if r.solved_winner == "a" else (b, a)
         lines.append(f"with hints: {better} solves more rounds than {worse} "
-                     f"(p = {_p(r.solved_p or 0.0)})")
+                     f"(p = {p_text(r.solved_p or 0.0)})")
     elif r.solved_p is not None:
         lines.append("with hints: no difference shown in the rounds solved at any level")
     return lines

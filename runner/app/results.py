@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.app.compare import Run, load_run
+from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
 from runner.app.report import ci_text
 from runner.app.runs import shown_path
-from runner.app.stats import Summary, assists, hinted, summarize
+from runner.app.stats import Summary, assists, compare, hinted, summarize
 from runner.backends.llama import MODELS
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode
@@ -176,6 +176,29 @@ def _model_table(results: Results) -> str:
                 "mean assist [95 % CI]", "mean score [95 % CI]"], rows)
 
 
+def _compare_lines(results: Results) -> list[str]:
+    """Each run after the first against the first, as ``rootbench compare`` tells it (its
+    McNemar counts and p-values and its verdict lines, never recomputed here): prose beside the
+    block that quoted p-values went stale as the runs grew, so the block carries them."""
+    if len(results.runs) < 2:
+        return []
+    names = _names(results.runs)
+    lines = ["", "`rootbench compare` of the first run with each other one (paired by "
+                 "scenario, round and hint level):", ""]
+    for name, run in zip(names[1:], results.runs[1:], strict=True):
+        first = results.runs[0]
+        rc = RunComparison(first, run, compare(first.episodes, run.episodes))
+        r = rc.result
+        tests = [f"first tries, {r.pairs} pairs: only {names[0]} passed {r.a_only}, only "
+                 f"{name} passed {r.b_only}, McNemar's exact p = {p_text(r.mcnemar_p)}"]
+        if r.solved_p is not None:
+            tests.append(f"with hints, {r.solved_pairs} rounds, solved at any level: only "
+                         f"{names[0]} {r.a_solved_only}, only {name} {r.b_solved_only}, "
+                         f"p = {p_text(r.solved_p)}")
+        lines += [f"- {line}" for line in (*tests, *verdict_lines(rc))]
+    return lines
+
+
 def _md(headers: list[str], rows: list[list[str]]) -> str:
     """A GitHub table in the README's compact form (``|---|``), every cell as given."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -230,6 +253,7 @@ def render_block(results: Results) -> str:
         "each row is the overall row of `rootbench report` on its folder:",
         "",
         _model_table(results),
+        *_compare_lines(results),
         "",
         f"Difficulty tiers measured from the ladders of the bundled models ({bundled}), by the "
         "rule in [docs/validity.md](docs/validity.md): easy, a bundled model passed it unaided; "

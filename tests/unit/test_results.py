@@ -121,6 +121,13 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     assert table["systemd"] == ["2", "1", "0", "0", "1", "1 / 2 / 2", "0 / 0 / 2"]
     assert table["ssh"] == ["1", "1", "0", "0", "0", "1 / 1 / 1", "0 / 0 / 1"]
     assert [r[0] for r in rows] == ["easy-tier", "cron", "systemd", "nginx", "ssh"]
+    # the block carries compare's paired tests, so no prose beside it quotes a stale p-value
+    block = results.render_block(found)
+    assert f"- first tries, 3 pairs: only {LARGE} passed 1, only {SMALL} passed 0, McNemar's " \
+           "exact p = 1.00" in block
+    assert f"- with hints, 3 rounds, solved at any level: only {LARGE} 2, only {SMALL} 0, " \
+           "p = 0.50" in block
+    assert "- with hints: no difference shown in the rounds solved at any level" in block
     # the 0.5B's missing level 2 run completes its ladder: the 1.5B's level-2 pass makes it medium
     _copy(SMALL, "cron-stopped", ("r0.h2",), runs)
     found = results.gather(_folders(runs), [specs])
@@ -144,6 +151,7 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     # without one bundled model's runs nothing is measured
     found = results.gather(_folders(runs)[:1], [specs])
     assert set(_tiers(found).values()) == {Tier.UNMEASURED}
+    assert "rootbench compare" not in results.render_block(found)  # one run: nothing to pair
     assert "**0 easy, 0 medium, 0 hard; 3 of 3 scenarios unmeasured**" in \
         results.render_block(found)
 
