@@ -60,16 +60,22 @@ def _probe_folder(start: Path, flag: str, target: Path) -> None:
                            path=str(target), field=flag) from None
 
 
-def check_file_target(path: Path, flag: str) -> Path:
-    """``path`` may be written as a file: absent, or a regular file (it is replaced)."""
-    path = Path(path)
+def _stat_or_none(path: Path, flag: str) -> os.stat_result | None:
+    """``path``'s stat, None when it does not exist yet (it will be made), or InvalidInput
+    naming ``flag`` when it cannot even be looked at."""
     try:
-        st = path.stat()
+        return path.stat()
     except FileNotFoundError:
-        st = None
+        return None
     except OSError as exc:
         raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(path),
                            field=flag) from None
+
+
+def check_file_target(path: Path, flag: str) -> Path:
+    """``path`` may be written as a file: absent, or a regular file (it is replaced)."""
+    path = Path(path)
+    st = _stat_or_none(path, flag)
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a file name", path=str(path),
                            field=flag)
@@ -80,13 +86,7 @@ def check_file_target(path: Path, flag: str) -> Path:
 def check_dir_target(path: Path, flag: str) -> Path:
     """``path`` may be written as a folder of files: absent (it is made) or a directory."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(path),
-                           field=flag) from None
+    st = _stat_or_none(path, flag)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise InvalidInput(f"exists and is {_kind(st.st_mode)}, not a directory", path=str(path),
                            field=flag)
