@@ -21,7 +21,7 @@ from runner.app.agents import AgentChoice
 from runner.app.episodes import RunOptions
 from runner.app.runs import slug
 from runner.core import layout
-from runner.core.cassette import RecordMode
+from runner.core.cassette import Cassette, RecordMode
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
@@ -73,6 +73,20 @@ def climbs(ep: Episode, opts: RunOptions) -> bool:
     """Whether the ladder goes on to the next level after ``ep``: only after a plain failure
     (an infra-error or invalid scenario says nothing about how much help the model needs)."""
     return opts.ladder and ep.verdict is Verdict.FAIL
+
+
+def _recorded_pass(path: Path, scenario: Scenario) -> bool:
+    """Whether the cassette at ``path`` ended in a pass of ``scenario`` as its spec is today
+    (its replay then passes too, and the ladder climbs no further). Anything less certain (a
+    damaged cassette, no verdict line, another version of the spec) is not a pass: the ladder
+    may climb past it, and :meth:`BenchPlan.live` then keeps a model ready."""
+    try:
+        cassette = Cassette.load(path)
+    except (InvalidInput, OSError, ValueError):
+        return False
+    verdict = cassette.verdict
+    return (cassette.head.spec_hash == scenario.spec_hash and isinstance(verdict, dict)
+            and verdict.get("verdict") == Verdict.PASS.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,13 +170,21 @@ class BenchPlan:
         """The rounds with a step that may run live (a level from the next one up with no
         recording to replay it from): what needs a model server and a sandbox. Every level the
         ladder may still climb counts, not only the next: a ladder replayed at level 0 whose
-        level 2 was never recorded runs level 2 live, and must find its model there."""
+        level 2 was never recorded runs level 2 live, and must find its model there. A recorded
+        pass of this very spec ends the climb, so a ladder recorded up to where it passed
+        starts no model server (nor builds one on a machine that has none)."""
         out = []
         for rd in self.todo(model, retry):
             first = self.next_step(rd, retry) or 0
-            if any(self.recorded(rd, level) is None
-                   for level in levels(rd.scenario, self.arm_opts[rd.arm.label]) if level >= first):
-                out.append(rd)
+            for level in levels(rd.scenario, self.arm_opts[rd.arm.label]):
+                if level < first:
+                    continue
+                path = self.recorded(rd, level)
+                if path is None:
+                    out.append(rd)
+                    break
+                if _recorded_pass(path, rd.scenario):
+                    break
         return out
 
     def record(self, key: Key, ep: Episode) -> None:

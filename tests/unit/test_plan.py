@@ -8,6 +8,7 @@ one and a pool of child processes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -121,6 +122,29 @@ def test_recordings_decide_what_is_replayed_and_what_runs_live(tmp_path: Path) -
     everything = BenchPlan([a, b], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ALL)
     assert everything.live(None, retry=False) == everything.rounds
     everything.check(resume=False)  # nothing to refuse
+
+
+def test_a_recorded_pass_ends_the_climb_so_no_model_is_needed(tmp_path: Path) -> None:
+    """Committed ladders of the 1.5B: ssh-stopped passed at level 0 and cron-stopped at level 2,
+    so their higher levels were never recorded and need no model; a ladder whose last
+    recording failed, or passed under another version of the spec, may still climb live."""
+    live_15b = LIVE_05B.parent / "qwen2.5-coder-1.5b-json"
+    passed0, passed2 = _scenarios("ssh-stopped", "cron-stopped")
+    for name in ("ssh-stopped.r0.jsonl", "cron-stopped.r0.jsonl", "cron-stopped.r0.h1.jsonl",
+                 "cron-stopped.r0.h2.jsonl"):
+        (tmp_path / name).write_bytes((live_15b / name).read_bytes())
+    assert not (live_15b / "cron-stopped.r0.h3.jsonl").exists()  # the ladder stopped at its pass
+    opts = RunOptions(ladder=True)
+    plan = BenchPlan([passed0, passed2], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
+    assert plan.live(None, retry=False) == []
+    # without its level-2 pass, cron-stopped's level 2 and 3 may run live
+    (tmp_path / "cron-stopped.r0.h2.jsonl").unlink()
+    plan = BenchPlan([passed0, passed2], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
+    assert [rd.scenario.id for rd in plan.live(None, retry=False)] == ["cron-stopped"]
+    # a pass of an older spec is no proof: its replay may not pass today
+    older = dataclasses.replace(passed0, spec_hash="0" * len(passed0.spec_hash))
+    plan = BenchPlan([older], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
+    assert [rd.scenario.id for rd in plan.live(None, retry=False)] == ["ssh-stopped"]
 
 
 def test_record_mode_none_is_refused_before_anything_runs_naming_what_is_missing(
