@@ -49,6 +49,8 @@ class FlagGuest(Guest):
             return CommandResult(0, out, 0.01)
         elif words[:1] == ["false"]:
             return CommandResult(1, "no", 0.01)
+        elif words[:1] == ["hang"]:  # a command still running at its timeout
+            return CommandResult(None, "waiting", 60.0, timed_out=True)
         return CommandResult(0, "", 0.01)
 
     def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:

@@ -122,6 +122,9 @@ def test_without_a_sandbox_there_is_no_restore(tmp_path: Path) -> None:
     # a setup command failed: the run ends in setup
     (("setup: [rm -f a b]", "setup: [rm -f a b, 'false']"), True, Verdict.INVALID_SCENARIO,
      ["baseline", "setup"]),
+    # a setup command ran out of time (a starved guest): infra, which --retry-infra runs again
+    (("setup: [rm -f a b]", "setup: [rm -f a b, 'hang']"), True, Verdict.INFRA_ERROR,
+     ["baseline", "setup"]),
     # the guest is down after the agent: the judging began (it found the guest down) and ended
     (None, False, Verdict.FAIL, list(PHASES[1:])),
 ])
@@ -131,6 +134,9 @@ def test_only_the_phases_that_began_are_kept(tmp_path: Path, edit: tuple[str, st
     model = ScriptedModel(AgentKind.ORACLE, list(scenario.solution), "done")
     ep = run_episode(scenario, FlagGuest(flags=("keep",), up=up), model, get_protocol("tools"), Clock(), None)
     assert ep.verdict is verdict, ep.reason
+    if verdict is Verdict.INFRA_ERROR:
+        assert ep.stop is StopReason.INFRA_ERROR
+        assert ep.reason.startswith("setup[1] did not finish within 60 s"), ep.reason
     assert list(ep.phases) == ran
     _timings_ok(ep.phases)
     if not up:
