@@ -154,7 +154,8 @@ def test_help_shows_the_defaults(cli: Cli) -> None:
 
 @pytest.mark.parametrize("flags", [["--format", "json"], ["--json"]])
 def test_perf_format_json_and_its_deprecated_alias(cli: Cli, flags: list[str]) -> None:
-    r = cli("-q", "perf", *flags, "--no-vm", "--no-model")
+    # it replays every committed cassette (~17 CPU-seconds for ~1,100): room for a loaded host
+    r = cli("-q", "perf", *flags, "--no-vm", "--no-model", timeout=240)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["replay_cassettes"] > 0  # one JSON document on stdout
     deprecated = "rootbench perf: --json is deprecated; use --format json"

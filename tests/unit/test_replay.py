@@ -52,7 +52,9 @@ def _write(path: Path, events: list[dict[str, Any]]) -> Path:
 def _replay(cli: Cli, *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
     """``rootbench -q replay --offline ARGS`` in this process (from ``cwd``, else the
     checkout's root): exit code, stdout, stderr."""
-    r = cli("-q", "replay", "--offline", *args, cwd=cwd, timeout=60)  # a hang fails at the timeout
+    # A hang fails at the timeout. The committed suite is ~950 cassettes (~16 CPU-seconds), and
+    # the test may share 2 cores with a VM test and a model: 60 s was once too little under load.
+    r = cli("-q", "replay", "--offline", *args, cwd=cwd, timeout=240)
     assert "Traceback" not in r.stdout + r.stderr
     return r.returncode, r.stdout, r.stderr
 
