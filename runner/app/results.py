@@ -259,8 +259,9 @@ def render_block(results: Results) -> str:
         "rule in [docs/validity.md](docs/validity.md): easy, a bundled model passed it unaided; "
         "medium, only with hints; hard, none passed it with every hint. "
         f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} hard; "
-        f"{counts[Tier.UNMEASURED]} of {len(tiers)} scenarios unmeasured** (no complete ladder of "
-        "every bundled model yet)."
+        f"{counts[Tier.UNMEASURED]} of {len(tiers)} scenarios unmeasured** "
+        + ("(no complete ladder of every bundled model yet)." if counts[Tier.UNMEASURED] else
+           "(each has a complete ladder of every bundled model).")
         + (f" {plural(results.stale, 'episode')} recorded against an older version of its spec "
            "left out." if results.stale else ""),
         "",

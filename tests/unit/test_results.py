@@ -133,7 +133,8 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     found = results.gather(_folders(runs), [specs])
     assert _tiers(found)["cron-stopped"] is Tier.MEDIUM
     block = results.render_block(found)
-    assert "**1 easy, 1 medium, 1 hard; 0 of 3 scenarios unmeasured**" in block
+    assert "**1 easy, 1 medium, 1 hard; 0 of 3 scenarios unmeasured** (each has a complete " \
+           "ladder of every bundled model)." in block
     assert "- measured hard: cron-job-commented" in block
     # the labels say easy for all three: two differ from the measurement, which the block says;
     # neither breaks the measured cap (a hard label on a scenario passed unaided) ...
@@ -152,8 +153,8 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     found = results.gather(_folders(runs)[:1], [specs])
     assert set(_tiers(found).values()) == {Tier.UNMEASURED}
     assert "rootbench compare" not in results.render_block(found)  # one run: nothing to pair
-    assert "**0 easy, 0 medium, 0 hard; 3 of 3 scenarios unmeasured**" in \
-        results.render_block(found)
+    assert "**0 easy, 0 medium, 0 hard; 3 of 3 scenarios unmeasured** (no complete ladder of " \
+           "every bundled model yet)." in results.render_block(found)
 
 
 def test_runs_of_an_older_spec_measure_nothing(small_suite: tuple[Path, Path]) -> None:
