@@ -183,10 +183,10 @@ def _compare_lines(results: Results) -> list[str]:
     if len(results.runs) < 2:
         return []
     names = _names(results.runs)
+    first = results.runs[0]
     lines = ["", "`rootbench compare` of the first run with each other one (paired by "
                  "scenario, round and hint level):", ""]
     for name, run in zip(names[1:], results.runs[1:], strict=True):
-        first = results.runs[0]
         rc = RunComparison(first, run, compare(first.episodes, run.episodes))
         r = rc.result
         tests = [f"first tries, {r.pairs} pairs: only {names[0]} passed {r.a_only}, only "
