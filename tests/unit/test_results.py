@@ -17,6 +17,7 @@ from runner.app import results
 from runner.core.episode import Episode
 from runner.core.outcomes import AgentKind, Tier, Verdict
 from runner.core.paths import repo_root
+from runner.core.spec import load_spec, spec_files
 from runner.core.tiers import ladder_complete, measured_tier
 
 LIVE = repo_root() / "recordings" / "live"
@@ -237,3 +238,19 @@ def test_the_committed_readme_is_what_the_recordings_give(cli: Cli) -> None:
     text = (repo_root() / "README.md").read_text()
     assert f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} " \
            f"hard; {counts[Tier.UNMEASURED]} of {len(found.tiers)} scenarios unmeasured**" in text
+
+
+def test_the_readmes_baselines_count_what_the_specs_list() -> None:
+    """The baselines table (noop, oracle, shortcuts) is written by hand beside the generated
+    block; it must name as many scenarios and shortcuts as specs/ holds, so that a scenario or
+    shortcut added later cannot leave it quoting an old suite."""
+    scenarios = [load_spec(p) for p in spec_files([repo_root() / "specs"])]
+    per = [len(s.shortcuts) for s in scenarios]
+    n, total = len(scenarios), sum(per)
+    text = (repo_root() / "README.md").read_text()
+    assert f"| `noop` (does nothing) | 0 of {n} |" in text
+    assert f"| `oracle` (the spec's `solution`) | {n} of {n} |" in text
+    assert (f"| {total} shortcuts ({min(per)} to {max(per)} per scenario, each a scripted "
+            f"not-a-fix) | 0 of {total} |") in text
+    assert f"**{total} shortcuts** the specs list ({min(per)} to {max(per)} per scenario" in \
+        (repo_root() / "docs" / "results.md").read_text().replace("\n", " ")
