@@ -17,7 +17,7 @@ from runner.app import results
 from runner.core.episode import Episode
 from runner.core.outcomes import AgentKind, Tier, Verdict
 from runner.core.paths import repo_root
-from runner.core.spec import load_spec, spec_files
+from runner.core.spec import load_specs
 from runner.core.tiers import ladder_complete, measured_tier
 
 LIVE = repo_root() / "recordings" / "live"
@@ -244,7 +244,7 @@ def test_the_readmes_baselines_count_what_the_specs_list() -> None:
     """The baselines table (noop, oracle, shortcuts) is written by hand beside the generated
     block; it must name as many scenarios and shortcuts as specs/ holds, so that a scenario or
     shortcut added later cannot leave it quoting an old suite."""
-    scenarios = [load_spec(p) for p in spec_files([repo_root() / "specs"])]
+    scenarios = load_specs([repo_root() / "specs"])
     per = [len(s.shortcuts) for s in scenarios]
     n, total = len(scenarios), sum(per)
     text = (repo_root() / "README.md").read_text()
