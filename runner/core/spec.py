@@ -140,6 +140,41 @@ class Shortcut:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """Another correct fix, one a competent admin would choose: ``verify`` proves it passes.
+
+    Shortcuts prove a scenario cannot be passed without the fix; alternatives
+    prove its probes do not refuse a fix that is not the author's own (a
+    systemd mount unit where the solution edits fstab, a cron line that logs
+    its output). A probe that fails an alternative is too narrow, and the
+    scenario is not valid until it is widened. ``why`` says why it is a fix.
+    """
+
+    name: str
+    why: str
+    commands: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Lasting:
+    """A spec's opt-out of the reboot re-check that rules 3 give every passing run, with why."""
+
+    reboot: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """A fact the state diff (:mod:`runner.core.statediff`) would report that this scenario's
+    fix may leave: ``check`` names the diff's check, ``item`` the fact (``*``: any), ``why``
+    the reason, for the reader of the spec."""
+
+    check: str
+    item: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Milestone:
     """Evidence in the transcript that the agent found the cause: scored, never needed to pass.
 
@@ -222,6 +257,11 @@ class Scenario:
     # seconds of guest time (None: no pause), then after a clean reboot (``reboot``).
     recheck_after: float | None = None
     reboot: bool = False
+    # Under rules 3 every passing run is re-checked after a reboot; ``lasting`` is the spec's
+    # opt-out (reboot False, with why). None: the default.
+    lasting: Lasting | None = None
+    allow: tuple[Allowance, ...] = ()  # state-diff facts this scenario's fix may leave
+    alternatives: tuple[Alternative, ...] = ()  # other correct fixes; ``verify`` proves each
     # Several VMs on a private network (docs/machines.md); empty: one machine of ``image``,
     # as every spec before them. ``image`` is then the first machine's.
     machines: tuple[Machine, ...] = ()
@@ -584,6 +624,9 @@ def scenario_from_text(text: str, where: str) -> Scenario:
     _check_machines(data, where, lines)
     _check_image(data, where, lines)
     _check_shortcut_names(data, where, lines)
+    if "lasting" in data and data.get("reboot"):
+        raise InvalidInput("lasting.reboot is false while reboot is true: say one", path=where,
+                           line=_line_for(lines, ("lasting",)), field="lasting")
     budget = Budget(**(data.get("budget") or {}))
     machines = tuple(Machine(name=m["name"], image=m["image"], index=i)
                      for i, m in enumerate(data.get("machines") or ()))
@@ -608,6 +651,11 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         recheck_after=(float(data["recheck_after"]) if data.get("recheck_after") is not None
                        else None),
         reboot=bool(data.get("reboot", False)),
+        lasting=Lasting(reboot=False, why=data["lasting"]["why"]) if "lasting" in data else None,
+        allow=tuple(Allowance(check=a["check"], item=a["item"], why=a["why"])
+                    for a in data.get("allow") or ()),
+        alternatives=tuple(Alternative(name=a["name"], why=a["why"], commands=tuple(a["commands"]))
+                           for a in data.get("alternatives") or ()),
         machines=machines, access=Access(data["access"]) if "access" in data else None,
         agent_machine=data.get("agent_machine"),
         setup_on=tuple(m for m, _c in steps) if any(m for m, _c in steps) else (),
@@ -617,12 +665,13 @@ def scenario_from_text(text: str, where: str) -> Scenario:
 def _check_shortcut_names(data: dict[str, Any], where: str, lines: dict[Any, int]) -> None:
     """Shortcut names are unique: verify names each one's check and cassette by it."""
     seen: set[str] = set()
-    for i, shortcut in enumerate(data.get("shortcuts") or ()):
-        if shortcut["name"] in seen:
-            raise InvalidInput(f"shortcut name {shortcut['name']!r} is used twice", path=where,
-                               line=_line_for(lines, ("shortcuts", i, "name")),
-                               field=f"shortcuts[{i}].name")
-        seen.add(shortcut["name"])
+    for key in ("shortcuts", "alternatives"):
+        for i, entry in enumerate(data.get(key) or ()):
+            if entry["name"] in seen:
+                raise InvalidInput(f"{key[:-1]} name {entry['name']!r} is used twice", path=where,
+                                   line=_line_for(lines, (key, i, "name")),
+                                   field=f"{key}[{i}].name")
+            seen.add(entry["name"])
 
 
 def read_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
@@ -712,7 +761,14 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     the cassette records like any agent's.
     """
     out = dataclasses.asdict(dataclasses.replace(s, probes=(), invariants=(), milestones=(),
-                                                 shortcuts=(), machines=()))
+                                                 shortcuts=(), alternatives=(), machines=()))
+    del out["alternatives"]  # an alternative's run, like a shortcut's, records its own commands
+    # Judging keys of rules 3, written only when set: a spec without them records the header
+    # it always did.
+    if s.lasting is None:
+        del out["lasting"]
+    if not s.allow:
+        del out["allow"]
     out["probes"] = [p.to_dict() for p in s.probes]
     out["invariants"] = [p.to_dict() for p in s.invariants]
     del out["milestones"], out["shortcuts"]  # a shortcut's run records its own commands
@@ -783,6 +839,18 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
         fields["recheck_after"] = None if recheck is None else float(recheck)
         if not isinstance(fields.get("reboot", False), bool):
             raise TypeError(f"reboot must be true or false, not {fields['reboot']!r}")
+        lasting = fields.get("lasting")
+        if lasting is not None:
+            if not isinstance(lasting, dict) or lasting.get("reboot") is not False \
+                    or not isinstance(lasting.get("why"), str) or set(lasting) - {"reboot", "why"}:
+                raise TypeError("lasting must be {reboot: false, why: text}")
+            fields["lasting"] = Lasting(reboot=False, why=lasting["why"])
+        allow = fields.get("allow") or []
+        if not isinstance(allow, list) or not all(
+                isinstance(a, dict) and set(a) == {"check", "item", "why"}
+                and all(isinstance(v, str) for v in a.values()) for a in allow):
+            raise TypeError("allow must be a list of {check, item, why} (strings)")
+        fields["allow"] = tuple(Allowance(**a) for a in allow)
         _machines_from_dict(fields)
         return Scenario(**fields)
     except (KeyError, TypeError) as exc:
