@@ -34,8 +34,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from runner.core.agent_input import (
+    MAX_EPISODE_COMMAND_CHARS,
+    bounded_command,
+    bounded_summary,
+    bounded_timeout,
+    carried_summary,
+)
 from runner.core.episode import MODEL_CALL_CAP
-from runner.core.errors import ModelServerError
+from runner.core.errors import AgentInputError, ModelServerError
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.text import one_line
@@ -79,7 +86,13 @@ class Shell:
         self._bridge = bridge
 
     def run(self, command: str, timeout: float | None = None) -> tuple[int | None, str]:
-        """Run ``command`` as root in the agent's shell (state persists between calls)."""
+        """Run ``command`` as root in the agent's shell (state persists between calls).
+
+        Raises :class:`~runner.core.errors.AgentInputError` (a ``ValueError``) at once for a
+        command or timeout it may not send (:mod:`runner.core.agent_input` says which: a
+        command over 256 KiB, a timeout that is not a finite number above zero, a lone
+        surrogate); nothing runs and the episode goes on.
+        """
         return self._bridge.submit_run(command, timeout)
 
     def finish(self, summary: str = "") -> None:
@@ -165,7 +178,7 @@ class BridgeModel(Model):
     # An episode job is pickled to reach its worker (a child process, a Ray task): only what
     # identifies the agent travels; the queues and the lock are made afresh there.
     _RUNTIME = ("_actions", "_outputs", "_lock", "_over", "_waiting", "_started", "_turn",
-                "_budget", "_deadline", "thread")
+                "_sent", "_budget", "_deadline", "thread")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
@@ -182,26 +195,35 @@ class BridgeModel(Model):
         self._waiting = False  # the agent is inside run(), waiting for its output
         self._started = False
         self._turn = 0
+        self._sent = 0  # characters of command the agent has sent this episode
         self._budget = Budget(0, 0.0)
         self._deadline = float("inf")  # monotonic: the end of the time budget, as last told
         self.thread: threading.Thread | None = None
 
     # --- what the agent calls (its own thread) ---------------------------------------------
 
-    def submit_run(self, command: str, timeout: float | None) -> tuple[int | None, str]:
-        if not isinstance(command, str) or not command.strip():
-            raise ValueError("run() needs a non-empty command string")
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, int | float) or timeout <= 0):
-            raise ValueError(f"run() timeout must be a positive number of seconds, not {timeout!r}")
+    def submit_run(self, command: object, timeout: object = None) -> tuple[int | None, str]:
+        """Hand ``command`` to the loop and wait for its result (see :meth:`Shell.run`).
+
+        The command and timeout are bounded first (:mod:`runner.core.agent_input`):
+        a bad one raises :class:`AgentInputError` here, in the agent's thread,
+        before the loop sees it, and the episode goes on.
+        """
+        command = bounded_command(command)
+        seconds = bounded_timeout(timeout)
         with self._lock:
             self._check_open()
             if self._waiting:
                 raise RuntimeError("run() is already waiting for a command: one at a time")
+            if self._sent + len(command) > MAX_EPISODE_COMMAND_CHARS:
+                raise AgentInputError(
+                    f"this episode's commands would total {self._sent + len(command):,} "
+                    f"characters; at most {MAX_EPISODE_COMMAND_CHARS:,} are accepted")
+            self._sent += len(command)
             self._waiting = True
             # The loop caps the command at the budget's end; fix tracking may add a little.
             wait_until = self._deadline + _GRACE
-        self._actions.put(_Run(command, float(timeout) if timeout is not None else None))
+        self._actions.put(_Run(command, seconds))
         try:
             wait = wait_until - time.monotonic()
             got = self._outputs.get(timeout=max(wait, 0.0) if wait < _FOREVER else _FOREVER)
@@ -215,15 +237,18 @@ class BridgeModel(Model):
             raise got
         return got
 
-    def submit_finish(self, summary: str) -> None:
+    def submit_finish(self, summary: object = "") -> None:
+        """End the episode with ``summary`` (bounded first: a bad one raises
+        :class:`AgentInputError` and the episode goes on)."""
+        summary = bounded_summary(summary if isinstance(summary, str) else str(summary))
         with self._lock:
             self._check_open()
             self._over = "the agent finished"  # a run() after this is refused at once
-        self._actions.put(_Finish(summary if isinstance(summary, str) else str(summary)))
+        self._actions.put(_Finish(summary))
 
     def report_error(self, exc: BaseException) -> None:
         """The agent raised: its own failure, ended as a finish that names the exception."""
-        text = one_line(f"{type(exc).__name__}: {exc}", 300)
+        text = one_line(carried_summary(f"{type(exc).__name__}: {exc}"), 300)
         self._actions.put(_Finish(f"the agent raised {text}"))
 
     def abandon(self, summary: str) -> None:
@@ -348,5 +373,5 @@ class ThreadAgentModel(BridgeModel):
                 self.report_error(exc)
             return
         if self.over is None:
-            self._actions.put(_Finish(summary if isinstance(summary, str) else
+            self._actions.put(_Finish(carried_summary(summary) if isinstance(summary, str) else
                                       "the agent returned without calling finish"))

@@ -75,6 +75,16 @@ class ModelServerError(InfraError):
         self.out_of_time = out_of_time
 
 
+class AgentInputError(RootbenchError, ValueError):
+    """An outside agent sent a value it may not (see :mod:`runner.core.agent_input`).
+
+    Neither bad user input nor broken machinery: the agent's own mistake,
+    answered to the agent as an error reply (``str()`` is that one line)
+    while its episode goes on. A ``ValueError`` too, so an agent's own
+    ``except ValueError`` catches it.
+    """
+
+
 class ContextExhausted(RootbenchError):
     """The conversation no longer fits the model's context window (the agent's limit, not ours).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 import textwrap
 import threading
 import time
@@ -26,10 +27,19 @@ from runner.app.agent_api import AgentRef, python_agent, resolve
 from runner.app.episodes import RunOptions, header
 from runner.app.replay import replay_one
 from runner.core.agent_api import EpisodeOver, Shell, ThreadAgentModel, parse_observation
+from runner.core.agent_input import (
+    MAX_COMMAND_CHARS,
+    MAX_SUMMARY_CHARS,
+    MAX_TIMEOUT,
+    bounded_command,
+    bounded_summary,
+    bounded_timeout,
+    carried_summary,
+)
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import Episode, run_episode
-from runner.core.errors import InvalidInput
+from runner.core.errors import AgentInputError, InvalidInput
 from runner.core.guest import CommandResult
 from runner.core.outcomes import AgentKind, StopReason, Verdict
 from runner.core.paths import repo_root
@@ -259,6 +269,97 @@ def test_run_after_finish_is_refused_at_once(tmp_path: Path) -> None:
     model.thread.join(5)
     assert ep.commands == 0 and ep.verdict is Verdict.FAIL
     assert Twice.errors == ["the episode is over: the agent finished"]
+
+
+# --- what the agent sends, bounded before any work (issue #46) ----------------------------------
+
+@pytest.mark.parametrize(("command", "says"), [
+    ("", "must be a non-empty string"),
+    ("   ", "must be a non-empty string"),
+    (b"ls", "must be a non-empty string"),
+    ("x" * (MAX_COMMAND_CHARS + 1), f"at most {MAX_COMMAND_CHARS:,} are accepted"),
+    ("echo \ud800", "lone surrogate (U+D800) at character 5"),
+    ("echo a\x00b", "NUL character at 6"),
+])
+def test_a_command_the_agent_may_not_send_is_one_line_naming_why(command: object,
+                                                                 says: str) -> None:
+    with pytest.raises(AgentInputError, match=re.escape(says)) as caught:
+        bounded_command(command)
+    assert "\n" not in str(caught.value) and isinstance(caught.value, ValueError)
+
+
+def test_the_longest_command_allowed_is_accepted_unchanged() -> None:
+    longest = "echo " + "é" * (MAX_COMMAND_CHARS - 5)
+    assert bounded_command(longest) is longest
+
+
+@pytest.mark.parametrize(("timeout", "says"), [
+    (float("nan"), "finite number of seconds, not nan"),
+    (float("inf"), "finite number of seconds, not inf"),
+    (json.loads("1e400"), "finite number of seconds, not inf"),  # valid JSON, parsed as infinity
+    (float("-inf"), "finite number of seconds, not -inf"),
+    (0, "above zero seconds, not 0"),
+    (-1.5, "above zero seconds, not -1.5"),
+    (True, "a number of seconds, not bool"),
+    ("30", "a number of seconds, not str"),
+])
+def test_a_timeout_that_is_not_finite_and_positive_is_refused(timeout: object, says: str) -> None:
+    with pytest.raises(AgentInputError, match=re.escape(says)):
+        bounded_timeout(timeout)
+
+
+@pytest.mark.parametrize(("timeout", "got"), [
+    (None, None), (5, 5.0), (0.5, 0.5), (1e9, MAX_TIMEOUT), (10 ** 400, MAX_TIMEOUT)])
+def test_a_timeout_is_capped_and_none_means_the_scenarios_own(timeout: object,
+                                                              got: float | None) -> None:
+    assert bounded_timeout(timeout) == got
+
+
+def test_a_summary_is_bounded_and_one_said_for_the_agent_is_made_carriable() -> None:
+    with pytest.raises(AgentInputError, match="lone surrogate"):
+        bounded_summary("done \udcff")
+    with pytest.raises(AgentInputError, match="at most"):
+        bounded_summary("x" * (MAX_SUMMARY_CHARS + 1))
+    assert carried_summary("done \udcff") == "done \ufffd"
+    assert len(carried_summary("x" * (MAX_SUMMARY_CHARS * 2))) == MAX_SUMMARY_CHARS
+
+
+class Hostile:
+    """Sends every value it may not, catches each refusal, then fixes the machine."""
+
+    refused: list[str] = []
+
+    def solve(self, task: str, shell: Shell) -> None:
+        type(self).refused = []
+        for command, timeout in [("touch a", float("nan")), ("touch a", json.loads("1e400")),
+                                 ("touch a", -1), ("echo \ud800", None),
+                                 ("x" * (MAX_COMMAND_CHARS + 1), None)]:
+            try:
+                shell.run(command, timeout)
+            except AgentInputError as exc:
+                type(self).refused.append(str(exc))
+        shell.run("touch a b", timeout=1e9)
+        try:
+            shell.finish("bad \ud800 summary")
+        except AgentInputError as exc:
+            type(self).refused.append(str(exc))
+        shell.finish("set both")
+
+
+def test_an_agent_that_sends_what_it_may_not_is_told_and_its_run_goes_on(tmp_path: Path) -> None:
+    """A NaN or infinite timeout used to reach the decision event, which could not be written:
+    the verdict was infra-error. Now each is refused in the agent's thread and the run goes on."""
+    cassette = tmp_path / "hostile.jsonl"
+    ep, _ = _episode(tmp_path, Hostile, cassette=cassette)
+    assert ep.verdict is Verdict.PASS and ep.stop is StopReason.FINISH, ep.reason
+    assert ep.commands == 1 and ep.turns == 2  # the refused ones never reached the loop
+    assert len(Hostile.refused) == 6 and all("\n" not in r for r in Hostile.refused)
+    assert "finite number of seconds, not nan" in Hostile.refused[0]
+    assert "finite number of seconds, not inf" in Hostile.refused[1]
+    assert "lone surrogate" in Hostile.refused[3] and "lone surrogate" in Hostile.refused[5]
+    decision = [e for e in Cassette.load(cassette).events if e["type"] == "decision"][0]
+    assert decision["timeout"] == MAX_TIMEOUT  # capped, and recorded as what was used
+    assert replay_one(cassette, offline=True).same
 
 
 # --- finding the agent --------------------------------------------------------------------------
