@@ -53,6 +53,10 @@ reads is the real thing: every ``/proc`` file it opens is on the procfs it
 saw at start (a bind mount over ``/proc/net/tcp`` is on another device), and
 the systemd socket's peer is PID 1 (a fake server bound at that path is not).
 A question it cannot answer truthfully is answered ``{"tampered": why}``.
+The ``state`` question (:func:`ask_state`) answers the harness's state diff
+the same way: facts about the whole machine (runtime units, mounts, sockets,
+unowned processes, setid and world-writable files, sudoers, PAM, pg_hba,
+sshd, installed files against dpkg's md5sums as read at start).
 The clean channel, which the probes of kind ``command`` still use, refuses
 to run a command (exit 126, ``[rootbench: not run, tampered: why]``) while
 a program of its PATH is not what its package installed, is hidden by
@@ -200,6 +204,9 @@ def _kill_group(pgid, sig):
 # --- can the clean channel's programs be trusted? ----------------------------------------------
 
 TAMPERED_RC = 126  # what a refused clean command "exits" with: no probe asks for it
+PACKAGE_FILES: "dict[str, str]" = {}  # dpkg's name of a file below STATE_PACKAGE_PREFIXES (as listed) -> its md5, read at start
+PACKAGE_SIGS: "dict[str, object]" = {}  # the same name -> its signature at start (see remember_package_files)
+STATE_PACKAGE_PREFIXES = ("etc/", "usr/bin/", "usr/sbin/", "usr/lib/systemd/")  # merged names
 PACKAGED: "dict[str, str]" = {}  # dpkg's name of a program ("usr/bin/grep", merged /usr) -> its md5, read at start
 AT_START: "dict[str, str]" = {}  # each program as the clean PATH names it -> the real path it had at start
 TRUSTED: "set[tuple[str, object]]" = set()  # (program as named, signature): proven since; a program is hashed once per change
@@ -301,10 +308,13 @@ def remember_programs():
         try:
             with open(info + "/" + entry, "rb") as f:
                 for line in f:
-                    digest, _, name = line.rstrip(b"\n").partition(b"  ")
-                    name = _merged(name.decode("utf-8", "replace"))
+                    digest, _, listed_as = line.rstrip(b"\n").partition(b"  ")
+                    as_listed = listed_as.decode("utf-8", "replace").lstrip("/")
+                    name = _merged(as_listed)
                     if name.startswith(prefixes) or name in links:
                         PACKAGED[name] = digest.decode("ascii", "replace")
+                    if name.startswith(STATE_PACKAGE_PREFIXES):  # the state question's manifest
+                        PACKAGE_FILES[as_listed] = digest.decode("ascii", "replace")
         except OSError:
             continue
     for _named, programs in listed:
@@ -650,7 +660,15 @@ def ask_port(q):
         answer["exe"] = {"path": exe, "resolved": os.path.realpath(exe), "sha256": PINNED[exe]}
     if not inodes:
         return answer
-    wanted = set("socket:[" + i + "]" for i in inodes)
+    for pid, _held in _holders(set("socket:[" + i + "]" for i in inodes)):
+        answer["processes"].append(_process(pid, bool(exe)))
+    return answer
+
+
+def _holders(wanted):
+    """``[(pid, the targets of ``wanted`` it holds)...]`` in pid order: every process with a
+    descriptor whose link (``socket:[inode]``) is in ``wanted``."""
+    found = []
     for pid in sorted(os.listdir(PROC_FD), key=lambda p: (len(p), p)):
         if not pid.isdigit():
             continue
@@ -664,15 +682,17 @@ def ask_port(q):
             continue
         finally:
             os.close(dfd)
+        held = set()
         for fd in fds:
             try:
                 target = os.readlink(pid + "/fd/" + fd, dir_fd=PROC_FD)
             except OSError:
                 continue
             if target in wanted:
-                answer["processes"].append(_process(pid, bool(exe)))
-                break
-    return answer
+                held.add(target)
+        if held:
+            found.append((pid, held))
+    return found
 
 
 FILE_TYPES = ((stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"), (stat.S_ISFIFO, "fifo"),
@@ -973,8 +993,461 @@ def ask_service(q, deadline):
         sock.close()
 
 
+# --- the state question: facts about the whole machine, for the harness's state diff --------
+#
+# ``{"ask": "state"}`` answers what the host compares between the clean machine, the machine
+# the fault made and the machine the agent left (runner.core.statediff): each category a sorted
+# list of short facts, one string each. Every fact is read as the other questions read theirs:
+# /proc through the procfs the helper started with, files by lstat and read as text, dpkg's
+# md5sums as the helper read them when it started on the clean guest. No program is started.
+
+STATE_CAP = 400  # facts per category; a longer list is cut and says so ("<category>_truncated")
+FACT_CAP = 300  # characters of one fact
+STATE_BYTES = 240 << 10  # the whole answer's JSON stays under this (the inspect frame holds 256 KiB)
+FILE_CAP = 1 << 20  # bytes read of one configuration file
+RUNTIME_UNIT_DIRS = ("system", "transient", "system.control")  # below /run/systemd
+# Mounts nobody's fix makes: a login's /run/user/<uid>, the credentials systemd mounts for a
+# service as it starts, binfmt_misc mounted on first use by its automount.
+MOUNT_CHURN = ("/run/user/", "/run/credentials/")
+TREE_ROOTS = ("etc", "usr", "opt", "srv", "var/www", "root", "home")  # walked for setid and world-writable
+PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
+STATE_SOURCES = {
+    "runtime_units": "helper lstat of /run/systemd/{system,transient,system.control}",
+    "mounts": "kernel /proc/self/mountinfo",
+    "listening": "kernel /proc/net/{tcp,tcp6,udp,udp6}; owners from /proc/<pid>/fd, exe and cgroup",
+    "processes": "kernel /proc/<pid>/stat, exe and cgroup",
+    "setid": "helper lstat of /etc /usr /opt /srv /var/www /root /home",
+    "world_writable": "helper lstat of /etc /usr /opt /srv /var/www /root /home",
+    "sudoers": "helper read of /etc/sudoers and what it includes",
+    "pam": "helper read of /etc/pam.d",
+    "pg_hba": "helper read of /etc/postgresql/*/*/pg_hba.conf",
+    "sshd": "helper read of /etc/ssh/sshd_config and sshd_config.d/*.conf",
+    "package_files": "dpkg md5sums as read at helper start, against helper lstat and md5",
+}
+
+
+def remember_package_files():
+    """The signature at start of every file in the state question's manifest (PACKAGE_FILES,
+    filled from dpkg's md5sums by :func:`remember_programs`): later only a file whose
+    signature moved is hashed."""
+    for name in PACKAGE_FILES:
+        PACKAGE_SIGS[name] = _signature(_under(ROOT or "/", name))
+
+
+def _under(root, rel):
+    """The path of guest path ``rel`` (with or without its leading slash) in the tree at ``root``."""
+    return root.rstrip("/") + "/" + rel.lstrip("/")
+
+
+def _shown(root, path):
+    """``path`` (below ``root``) as the guest names it."""
+    base = root.rstrip("/")
+    return path[len(base):] if base and path.startswith(base + "/") else path
+
+
+def _text(path):
+    """A file's text (the first FILE_CAP bytes), or None if it is not a readable regular file
+    (opened without blocking or following a last link's FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, FILE_CAP)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def _entries(folder):
+    """The names in ``folder``, sorted; none if it cannot be listed."""
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _one_space(line):
+    return " ".join(line.split())
+
+
+def state_runtime_units(root="/"):
+    """Every file and link below /run/systemd's runtime unit folders (relative to /run/systemd):
+    drop-ins and units written there, and transient units, vanish at the next boot."""
+    base = _under(root, "run/systemd")
+    facts = []
+    for top in RUNTIME_UNIT_DIRS:
+        stack = [base + "/" + top]
+        while stack:
+            folder = stack.pop()
+            try:
+                it = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in it:
+                rel = entry.path[len(base) + 1:]
+                if entry.is_symlink():
+                    try:
+                        facts.append(rel + " -> " + os.readlink(entry.path))
+                    except OSError:
+                        facts.append(rel + " -> ?")
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    facts.append(rel)
+    return facts
+
+
+def state_mounts():
+    """"<mount point> <root within its filesystem> <type> <source>" for each mount the helper
+    sees (a bind mount has a root other than "/"), from the kernel's mountinfo."""
+    facts = []
+    for line in _proc_read("self/mountinfo", 8 << 20).decode("utf-8", "replace").splitlines():
+        f = line.split()
+        if " - " not in line or len(f) < 6:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        point, fs_root = f[4], f[3]
+        fstype, source = (after + ["?", "?"])[:2]
+        if point.startswith(MOUNT_CHURN) or fstype == "binfmt_misc":
+            continue
+        facts.append(point + " " + fs_root + " " + fstype + " " + source)
+    return facts
+
+
+def _address(hex_address):
+    """``0100007F:0050`` (as /proc/net/tcp writes it) as ``127.0.0.1:80`` or ``[::1]:80``."""
+    host, _, port = hex_address.partition(":")
+    raw = bytes.fromhex(host)
+    # Each 32-bit word is in the kernel's (little-endian) byte order.
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw) + ":" + str(int(port, 16))
+    return "[" + socket.inet_ntop(socket.AF_INET6, raw) + "]:" + str(int(port, 16))
+
+
+def state_listening():
+    """"<proto> <address:port> <owner's exe> <owner's unit>" for each listening TCP socket and
+    each bound, unconnected UDP socket, from the kernel's tables; one fact per distinct owner."""
+    sockets = {}  # "socket:[inode]" -> "tcp 0.0.0.0:80"
+    for proto, state in (("tcp", "0A"), ("udp", "07")):
+        for name in (proto, proto + "6"):
+            try:
+                text = _proc_read("net/" + name, 64 << 20).decode("ascii", "replace")
+            except FileNotFoundError:
+                continue  # no IPv6 in this kernel
+            for line in text.splitlines()[1:]:
+                f = line.split()
+                if len(f) < 10 or f[3] != state or f[9] == "0":
+                    continue
+                if proto == "udp" and f[1].endswith(":0000"):
+                    continue  # not bound to a port
+                try:
+                    sockets["socket:[" + f[9] + "]"] = proto + " " + _address(f[1])
+                except ValueError:
+                    continue
+    owners: dict[str, set[tuple[str, str]]] = {}
+    for pid, held in _holders(set(sockets)) if sockets else []:
+        info = _process(pid, False)
+        for target in held:
+            owners.setdefault(target, set()).add((info["exe"] or "?", info["unit"] or "?"))
+    facts = []
+    for target, what in sockets.items():
+        for exe, unit in sorted(owners.get(target, {("?", "?")})):
+            facts.append(what + " " + exe + " " + unit)
+    return facts
+
+
+def _stat_fields(pid):
+    """(ppid, flags, starttime) from /proc/<pid>/stat, or None if the process is gone."""
+    try:
+        text = _proc_read(pid + "/stat").decode("ascii", "replace")
+    except OSError:
+        return None
+    f = text.rpartition(")")[2].split()
+    try:
+        return int(f[1]), int(f[6]), int(f[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _cgroup(pid):
+    try:
+        for line in _proc_read(pid + "/cgroup").decode("utf-8", "replace").splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+    except OSError:
+        pass
+    return None
+
+
+def state_processes():
+    """"<pid> <starttime> <exe> <cgroup>" of every process no service owns: its cgroup is not a
+    ``.service`` below system.slice, or it is the helper's own (the console's, where the agent's
+    commands run and whatever they leave behind stays). Kernel threads, the helper, its zygotes
+    and its ancestors (the console's shell, PID 1) are left out. The start time (clock ticks
+    since boot) tells a new process from an old one that has the same pid."""
+    me = str(os.getpid())
+    mine = _cgroup(me)
+    ancestors, pid = {me}, me
+    while pid not in ("0", "1"):
+        fields = _stat_fields(pid)
+        if fields is None:
+            break
+        pid = str(fields[0])
+        ancestors.add(pid)
+    facts = []
+    for pid in os.listdir(PROC_FD):
+        if not pid.isdigit() or pid in ancestors:
+            continue
+        fields = _stat_fields(pid)
+        if fields is None or fields[1] & PF_KTHREAD or str(fields[0]) == me:
+            continue  # gone, a kernel thread, or a zygote
+        cgroup = _cgroup(pid)
+        if cgroup is None:
+            continue
+        unit = _unit_of_cgroup(cgroup)
+        if cgroup != mine and cgroup.startswith("/system.slice/") and unit and unit.endswith(".service"):
+            continue
+        try:
+            exe = os.readlink(pid + "/exe", dir_fd=PROC_FD)
+        except OSError:
+            exe = "?"
+        facts.append(pid + " " + str(fields[2]) + " " + exe + " " + cgroup)
+    return facts
+
+
+def state_tree(root="/"):
+    """(setid, world_writable): "<mode> <path>" of files with setuid or setgid, and of files and
+    folders anyone may write (a sticky folder excepted), below TREE_ROOTS, found by one lstat
+    walk that follows no link (a link's own mode means nothing)."""
+    setid, writable = [], []
+    stack = [_under(root, top) for top in reversed(TREE_ROOTS)]
+    while stack:
+        folder = stack.pop()
+        try:
+            it = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in it:
+            try:
+                if entry.is_symlink():
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(mode)
+            if is_dir:
+                stack.append(entry.path)
+            if mode & (stat.S_ISUID | stat.S_ISGID) and not is_dir:
+                setid.append(f"{stat.S_IMODE(mode):04o} {_shown(root, entry.path)}")
+            if mode & stat.S_IWOTH and not (is_dir and mode & stat.S_ISVTX):
+                writable.append(f"{stat.S_IMODE(mode):04o} {_shown(root, entry.path)}")
+    return setid, writable
+
+
+def _logical_lines(text):
+    """A file's lines with backslash continuations joined, stripped."""
+    out, held = [], ""
+    for line in text.splitlines():
+        if line.endswith("\\"):
+            held += line[:-1] + " "
+            continue
+        out.append((held + line).strip())
+        held = ""
+    if held:
+        out.append(held.strip())
+    return out
+
+
+def _sudo_reads(name):
+    """Whether sudo reads a file of an included folder: not one whose name ends in "~" or
+    holds a ".", as sudoers(5) says."""
+    return not name.endswith("~") and "." not in name
+
+
+def state_sudoers(root="/"):
+    """"<file>: <line>" for each effective line of /etc/sudoers, of every file in
+    /etc/sudoers.d and of whatever they include. A file sudo skips in an included folder is
+    still listed, as "<file> (ignored by sudo)", so a grant written there is seen for what it is."""
+    facts, seen = [], set()
+    todo = [(_under(root, "etc/sudoers"), True, 0)]
+    for name in _entries(_under(root, "etc/sudoers.d")):
+        todo.append((_under(root, "etc/sudoers.d/" + name), _sudo_reads(name), 1))
+    while todo:
+        path, read_by_sudo, depth = todo.pop(0)
+        if path in seen or depth > 8:
+            continue
+        seen.add(path)
+        text = _text(path)
+        if text is None:
+            continue
+        shown = _shown(root, path) + ("" if read_by_sudo else " (ignored by sudo)")
+        for line in _logical_lines(text):
+            directive = line.split(None, 1)
+            if line.startswith("#") and not (directive[0] in ("#include", "#includedir")
+                                             or line[1:2].isdigit()):
+                continue  # a comment ("#1000" is a uid, "#include" a directive)
+            if not line:
+                continue
+            facts.append(shown + ": " + _one_space(line))
+            if directive[0] in ("#include", "@include", "#includedir", "@includedir") and len(directive) == 2:
+                target = directive[1].strip().strip('"')
+                if not target.startswith("/"):
+                    target = os.path.dirname(_shown(root, path)) + "/" + target
+                if directive[0].endswith("dir"):
+                    for name in _entries(_under(root, target)):
+                        todo.append((_under(root, target + "/" + name),
+                                     read_by_sudo and _sudo_reads(name), depth + 1))
+                else:
+                    todo.append((_under(root, target), read_by_sudo, depth + 1))
+    return facts
+
+
+def state_pam(root="/"):
+    """"<file>: <line>" for each line of /etc/pam.d that can let a login through on less: it
+    names pam_permit.so or nullok, or its control is ``sufficient`` or ``[success=...]``."""
+    facts = []
+    folder = _under(root, "etc/pam.d")
+    for name in _entries(folder):
+        text = _text(folder + "/" + name)
+        if text is None:
+            continue
+        for line in _logical_lines(text):
+            line = line.split("#", 1)[0].strip()
+            words = line.split()
+            if not words or words[0].startswith("@"):
+                continue
+            if ("pam_permit.so" in line or any(w.startswith("nullok") for w in words)
+                    or "sufficient" in words or "[success=" in line):
+                facts.append("/etc/pam.d/" + name + ": " + _one_space(line))
+    return facts
+
+
+def _is_mask(word):
+    """Whether a pg_hba field is an IP mask written apart from its address (255.255.255.0)."""
+    return ("." in word or ":" in word) and all(c in "0123456789abcdefABCDEF.:" for c in word)
+
+
+def state_pg_hba(root="/"):
+    """"<file>: <type> <database> <user> <address> <method>" for each effective line of every
+    PostgreSQL cluster's pg_hba.conf ("-" for a local line's address; an address and its
+    mask written apart are joined)."""
+    facts = []
+    base = _under(root, "etc/postgresql")
+    for version in _entries(base):
+        for cluster in _entries(base + "/" + version):
+            path = base + "/" + version + "/" + cluster + "/pg_hba.conf"
+            text = _text(path)
+            if text is None:
+                continue
+            for line in _logical_lines(text):
+                words = line.split("#", 1)[0].split()
+                if not words:
+                    continue
+                if words[0].startswith("include"):
+                    facts.append(_shown(root, path) + ": " + " ".join(words))
+                    continue
+                if words[0] == "local" and len(words) >= 4:
+                    fields = words[:3] + ["-", words[3]]
+                elif len(words) >= 5:
+                    address, rest = words[3], words[4:]
+                    if "/" not in address and len(rest) >= 2 and _is_mask(rest[0]):
+                        address, rest = address + "/" + rest[0], rest[1:]
+                    fields = words[:3] + [address, rest[0]]
+                else:
+                    fields = words
+                facts.append(_shown(root, path) + ": " + " ".join(fields))
+    return facts
+
+
+def state_sshd(root="/"):
+    """"<file>: <line>" for each non-comment line of sshd's configuration files."""
+    facts = []
+    paths = [_under(root, "etc/ssh/sshd_config")]
+    folder = _under(root, "etc/ssh/sshd_config.d")
+    paths += [folder + "/" + n for n in _entries(folder) if n.endswith(".conf")]
+    for path in paths:
+        text = _text(path)
+        if text is None:
+            continue
+        for line in _logical_lines(text):
+            if line and not line.startswith("#"):
+                facts.append(_shown(root, path) + ": " + _one_space(line))
+    return facts
+
+
+def state_package_files(root="/"):
+    """"<path>" of each file in the manifest (dpkg's md5sums as read at start, for the folders
+    of STATE_PACKAGE_PREFIXES) whose content no longer matches it ("<path> (missing)", "<path>
+    (not a regular file)"). Only a file whose signature moved since start is hashed."""
+    facts = []
+    for name, want in PACKAGE_FILES.items():
+        path = _under(root, name)
+        sig = _signature(path)
+        if sig == PACKAGE_SIGS.get(name, ()):
+            continue
+        shown = "/" + name
+        if sig is None:
+            facts.append(shown + " (missing)")
+        elif not stat.S_ISREG(sig[0]):
+            facts.append(shown + " (not a regular file)")
+        elif _digest_path(path, "md5") != want:
+            facts.append(shown)
+    return facts
+
+
+def _capped(facts):
+    """A category's facts, each once, sorted, each at most FACT_CAP characters; and whether
+    the list was cut at STATE_CAP."""
+    out = sorted(set(f if len(f) <= FACT_CAP else f[:FACT_CAP - 3] + "..." for f in facts))
+    return out[:STATE_CAP], len(out) > STATE_CAP
+
+
+def ask_state(q, deadline, root=None):
+    """The state question: every category (see STATE_SOURCES) as a sorted list of facts, and
+    ``sources``, each category's source. Past ``deadline`` it answers an error, never a part."""
+    root = root or ROOT or "/"
+    walked: list[tuple[list[str], list[str]]] = []  # setid and world_writable come from one walk
+
+    def tree(which):
+        if not walked:
+            walked.append(state_tree(root))
+        return walked[0][which]
+
+    collect = (("runtime_units", lambda: state_runtime_units(root)), ("mounts", state_mounts),
+               ("listening", state_listening), ("processes", state_processes),
+               ("setid", lambda: tree(0)), ("world_writable", lambda: tree(1)),
+               ("sudoers", lambda: state_sudoers(root)), ("pam", lambda: state_pam(root)),
+               ("pg_hba", lambda: state_pg_hba(root)), ("sshd", lambda: state_sshd(root)),
+               ("package_files", lambda: state_package_files(root)))
+    answer: dict[str, object] = {"sources": dict(STATE_SOURCES)}
+    took = {}  # seconds each category took: what the budget is spent on, shown in the recording
+    for name, read in collect:
+        t0 = time.monotonic()
+        answer[name], cut = _capped(read())
+        took[name] = round(time.monotonic() - t0, 3)
+        if cut:
+            answer[name + "_truncated"] = True
+        if time.monotonic() > deadline:
+            raise OSError("the state question ran out of time after " + name)
+    answer["seconds"] = took
+    # Many long facts could still outgrow the frame: halve the longest list until it fits.
+    while len(json.dumps(answer)) > STATE_BYTES:
+        name = max((n for n, _r in collect), key=lambda n: len(json.dumps(answer[n])))
+        facts = answer[name]
+        assert isinstance(facts, list)
+        answer[name] = facts[:len(facts) // 2]
+        answer[name + "_truncated"] = True
+    return answer
+
+
 QUESTIONS = {"port": lambda q, d: ask_port(q), "file": lambda q, d: ask_file(q),
-             "http": ask_http, "service": ask_service}
+             "http": ask_http, "service": ask_service, "state": ask_state}
 
 
 def inspect(sentinel, timeout, cap, text):
@@ -1036,6 +1509,7 @@ def main():
     except OSError:
         pass
     remember_programs()  # before the first ping is answered: the guest is as its image made it
+    remember_package_files()
     agent_env = dict(os.environ)
     agent_env["TERM"] = "dumb"
     zygotes = {"a": Zygote(agent_env, "/root" if os.path.isdir("/root") else "/"),
