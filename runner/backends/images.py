@@ -35,7 +35,7 @@ from typing import Any
 from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.process import run_child
 from runner.core.errors import InfraError, InvalidInput
-from runner.core.paths import find_recipe, image_dirs, recipe_names
+from runner.core.paths import contained, find_recipe, image_dirs, recipe_names, resolve_in_root
 from runner.core.spec import parse_yaml, read_text, validate_document
 
 log = logging.getLogger("rootbench.image")
@@ -357,9 +357,14 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
             f"deb {mirror} {recipe.suite} main",
             f"deb {mirror} {recipe.suite}-updates main"]
     _run(cmd, "mmdebstrap", work)
-    boot = rootfs / "boot"
-    kernels = sorted(boot.glob("vmlinuz-*"))
-    initrds = sorted(boot.glob("initrd.img-*"))
+    # The built root is the recipe's: every path into it is resolved inside it, so a symlink a
+    # recipe command made (/boot -> /, vmlinuz-x -> /etc/shadow) never reads a host file.
+    boot = resolve_in_root(rootfs, "/boot")
+    names = sorted(p.name for p in boot.iterdir()) if boot is not None and boot.is_dir() else []
+    kernels = [k for n in names if n.startswith("vmlinuz-")
+               and (k := resolve_in_root(rootfs, f"/boot/{n}")) is not None and k.is_file()]
+    initrds = [i for n in names if n.startswith("initrd.img-")
+               and (i := resolve_in_root(rootfs, f"/boot/{n}")) is not None and i.is_file()]
     if not kernels or not initrds:
         raise InfraError(f"the image has no kernel/initrd in /boot (is {recipe.kernel_package} right?)")
     shutil.copy2(kernels[-1], work / "vmlinuz")
@@ -399,11 +404,15 @@ def _build_disk(recipe: Recipe, i: int, rootfs: Path, work: Path, mkfs: str,
     emptied on the root (it stays as the mount point, its owner and mode kept). Read-only;
     returns its entry for image.json."""
     disk = recipe.disks[i]
-    source = rootfs / disk.populate_from.lstrip("/") if disk.populate_from else None
-    if source is not None and (source.is_symlink() or not source.is_dir()):
-        raise InvalidInput(f"{disk.populate_from} is not a directory in the built image (the "
-                           "recipe's commands must make it)", path=str(recipe.path),
-                           field=f"disks[{i}].populate_from")
+    source = None
+    if disk.populate_from is not None:
+        # Resolved inside the built root, every component (Debian's /var/run -> /run is the
+        # image's /run): a symlink anywhere in it never reaches the host's folders.
+        source = resolve_in_root(rootfs, disk.populate_from)
+        if source is None or source == contained(rootfs, rootfs) or not source.is_dir():
+            raise InvalidInput(f"{disk.populate_from} is not a directory in the built image (the "
+                               "recipe's commands must make it, below /)", path=str(recipe.path),
+                               field=f"disks[{i}].populate_from")
     raw = work / f"disk-{disk.name}.raw"
     log.info("making the extra disk %s (%s, %d MiB)", disk.name, disk.fs, disk.size_mib)
     _run([mkfs, "-q", "-F", "-t", disk.fs, "-U", disk.uuid, *(["-L", disk.label] if disk.label else []),
@@ -413,14 +422,29 @@ def _build_disk(recipe: Recipe, i: int, rootfs: Path, work: Path, mkfs: str,
     _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(work / name)], "qemu-img", work)
     raw.unlink()
     if source is not None:
-        for child in source.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+        _empty_inside(source, work)
     os.chmod(work / name, 0o444)
     return {"name": disk.name, "file": name, "sha256": file_sha256(work / name), "uuid": disk.uuid,
             **({"label": disk.label} if disk.label else {})}
+
+
+def _empty_inside(folder: Path, staging: Path) -> None:
+    """Delete what ``folder`` holds, which must lie inside the build's ``staging`` directory.
+
+    The build's one delete of what a recipe names, and the last guard of the rule that a
+    build never deletes outside its staging directory: the folder's real path is checked
+    (:func:`contained`) whatever the caller resolved, and then the entries are removed
+    without following a symlink (``rmtree`` does not, a link is unlinked).
+    """
+    real = contained(folder, staging)
+    if real is None or real == contained(staging, staging):
+        raise InfraError(f"refusing to empty {folder}: it is outside the build's staging "
+                         f"directory {staging}")
+    for child in real.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def base_sha256(image: BuiltImage) -> str:

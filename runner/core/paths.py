@@ -12,14 +12,22 @@ Two kinds of data, kept apart on purpose:
   or ``$ROOTBENCH_SPECS``), their own image recipes (``$ROOTBENCH_IMAGES``,
   looked in before the bundled ones), and what runs write (``runs/``,
   ``recordings/``), relative to the working directory like any output.
+
+And the one rule for a path that a *file* names (an image recipe's
+``populate_from``, a results file's ``cassette``, a spec folder's entries):
+it is resolved inside its root, every component, before anything reads,
+writes or deletes there (:func:`contained`, :func:`resolve_in_root`). A name
+in a file the user was handed is the file author's, not the user's, so it must
+never reach a host file outside the folder it belongs to.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from runner.core.errors import InvalidInput
 
@@ -101,3 +109,75 @@ def find_recipe(name: str) -> Path | None:
 def recipe_names() -> list[str]:
     """Every image recipe name found, sorted (a name in two folders counts once)."""
     return sorted({p.stem for d in image_dirs() for p in d.glob("*.yaml")})
+
+
+# --- paths that files name -------------------------------------------------------------------
+
+MAX_SYMLINKS = 40  # Linux's own limit on the symlinks one path walk follows (then ELOOP)
+
+
+def contained(path: str | Path, root: str | Path) -> Path | None:
+    """``path`` with every symlink in it followed (``realpath``), when that is ``root`` or lies
+    under it (``root`` resolved the same way); None otherwise.
+
+    The one containment check of every path a recipe, spec, cassette or results file names:
+    a lexical check (``..``) alone misses a symlink anywhere in the path, and a check of the
+    last component alone misses one earlier (``srv -> /``). None too for what cannot be
+    resolved: a symlink loop (realpath then leaves ``..`` unresolved), a name too long.
+    """
+    try:
+        real = Path(os.path.realpath(path))
+        top = Path(os.path.realpath(root))
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        return None
+    if ".." in real.parts:
+        return None
+    return real if real == top or real.is_relative_to(top) else None
+
+
+def resolve_in_root(root: str | Path, name: str) -> Path | None:
+    """``name``, a path as the system whose ``/`` is ``root`` sees it (``/var/run/x``), as
+    the host path it names inside ``root``; None when it cannot be resolved there.
+
+    Each component is looked at in turn and a symlink followed *as that system would*: an
+    absolute target starts again at ``root`` (Debian's ``/var/run -> /run`` is
+    ``root/run``, never the host's /run) and ``..`` stops at ``root`` (like a chroot). A
+    component that does not exist yet is a plain name (and so is all below it). The result
+    passes :func:`contained` as well, so what is returned is never outside ``root``; more
+    than :data:`MAX_SYMLINKS` links, or an error looking, is None.
+    """
+    top = Path(os.path.realpath(root))
+    todo = [p for p in reversed(PurePosixPath(name).parts) if p != "/"]
+    here: list[str] = []  # the resolved components below ``top``: none is a symlink
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if here:
+                here.pop()
+            continue
+        candidate = top.joinpath(*here, part)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:  # not there (yet): a plain name, and so is all below it
+            here.append(part)
+            continue
+        except (OSError, ValueError):  # not a directory, no permission, a NUL byte
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            here.append(part)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            return None
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            return None
+        if target.startswith("/"):
+            here = []
+        todo.extend(p for p in reversed(PurePosixPath(target).parts) if p != "/")
+    return contained(top.joinpath(*here), top)
+

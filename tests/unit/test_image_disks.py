@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Cli
 
-from runner.backends.images import BuiltImage, ExtraDisk, _build_disk, _read_built, load_recipe
+from runner.backends.images import (
+    BuiltImage,
+    ExtraDisk,
+    _build_disk,
+    _empty_inside,
+    _read_built,
+    load_recipe,
+)
 from runner.backends.qemu import machine_digest, qemu_args
 from runner.backends.snapshot import snapshot_dir, snapshot_files
-from runner.core.errors import VMError
+from runner.core.errors import InfraError, InvalidInput, VMError
 
 UUID = "5e1d7a2c-4b3f-4c8e-9a61-0d2f7b9c3e15"
 RECIPE = """\
@@ -102,10 +112,10 @@ def test_an_extra_disk_is_built_from_its_directory_without_a_mount(tmp_path: Pat
     (tmp_path / "images" / "with-disk.yaml").write_text(RECIPE)
     monkeypatch.setenv("ROOTBENCH_IMAGES", str(tmp_path / "images"))
     recipe = load_recipe("with-disk")
-    rootfs, work = tmp_path / "rootfs", tmp_path / "work"
+    work = tmp_path / "work"
+    rootfs = work / "rootfs"  # as the build has it: the root is built in the staging directory
     (rootfs / "srv/data/site").mkdir(parents=True)
     (rootfs / "srv/data/site/index.html").write_text("field archive ok\n")
-    work.mkdir()
     mkfs = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
     entry = _build_disk(recipe, 0, rootfs, work, mkfs, str(shutil.which("qemu-img")))
     disk = work / "disk-data.qcow2"
@@ -176,3 +186,103 @@ def test_the_snapshot_key_changes_with_the_disks_and_only_then(tmp_path: Path) -
         assert len(keys) == 4  # new contents alone (refilled) key a new snapshot too
         assert "-d" not in snapshot_dir(plain, "tcg").name.split("-c")[-1]
         assert snapshot_dir(one, "tcg", lan=True).name.endswith("-lan")
+
+
+_TOOLS = pytest.mark.skipif(not (shutil.which("mkfs.ext4") or Path("/usr/sbin/mkfs.ext4").exists())
+                            or not shutil.which("qemu-img"),
+                            reason="needs e2fsprogs and qemu-img (make setup)")
+
+
+def _disk_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                populate_from: str) -> tuple[Path, Path, Callable[[], dict[str, Any]]]:
+    """A recipe whose one disk is filled from ``populate_from``, an empty built root and a work
+    folder, and the call that builds the disk (the real tools, no VM)."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "with-disk.yaml").write_text(
+        RECIPE.replace("populate_from: /srv/data", f"populate_from: {populate_from}"))
+    monkeypatch.setenv("ROOTBENCH_IMAGES", str(tmp_path / "images"))
+    recipe = load_recipe("with-disk")
+    work = tmp_path / "work"
+    rootfs = work / "rootfs"  # as the build has it: the root is built in the staging directory
+    rootfs.mkdir(parents=True)
+    mkfs = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
+    return rootfs, work, lambda: _build_disk(recipe, 0, rootfs, work, mkfs,
+                                             str(shutil.which("qemu-img")))
+
+
+@_TOOLS
+@pytest.mark.parametrize("link", ["absolute", "relative"])
+def test_a_symlink_earlier_in_populate_from_never_reaches_a_host_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link: str) -> None:
+    """Issue #46 item 1: the built root's ``/srv`` is a symlink out of it (a recipe command can
+    make one; Debian's own /var/run -> /run is absolute). The build looked only at the last
+    component, followed ``srv`` on the host, copied the host's folder onto the disk and then
+    emptied it. Now the path is resolved inside the root: there is no ``/srv/data`` in the
+    image, so the build stops before anything is read or deleted, the host folder untouched."""
+    host = tmp_path / "host"
+    (host / "data").mkdir(parents=True)
+    (host / "data" / "precious.txt").write_text("a host file\n")
+    rootfs, work, build = _disk_build(tmp_path, monkeypatch, "/srv/data")
+    (rootfs / "srv").symlink_to(host if link == "absolute" else Path(os.path.relpath(host, rootfs)))
+    with pytest.raises(InvalidInput) as err:
+        build()
+    assert err.value.field == "disks[0].populate_from"
+    assert "not a directory in the built image" in err.value.detail
+    assert (host / "data" / "precious.txt").read_text() == "a host file\n"
+    assert not list(work.glob("disk-*"))  # no disk holds the host's files
+
+
+@_TOOLS
+def test_an_absolute_symlink_in_populate_from_is_followed_inside_the_image(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian's layout: ``/var/run -> /run``. ``populate_from: /var/run/data`` is the image's
+    /run/data, as the guest sees it, never the host's: that folder fills the disk and is left
+    empty; the symlink stays."""
+    rootfs, work, build = _disk_build(tmp_path, monkeypatch, "/var/run/data")
+    (rootfs / "run" / "data").mkdir(parents=True)
+    (rootfs / "run" / "data" / "inside.txt").write_text("the image's file\n")
+    (rootfs / "var").mkdir()
+    (rootfs / "var" / "run").symlink_to("/run")
+    entry = build()
+    assert list((rootfs / "run" / "data").iterdir()) == []
+    assert (rootfs / "var" / "run").is_symlink()
+    raw = tmp_path / "check.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(work / entry["file"]), str(raw)],
+                   check=True, timeout=60)
+    cat = subprocess.run(["debugfs", "-R", "cat /inside.txt", str(raw)], capture_output=True,
+                         text=True, timeout=60)
+    assert cat.stdout == "the image's file\n"
+
+
+def test_populate_from_the_image_root_itself_is_refused(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source that resolves to the root itself (``/srv/data -> /``) would empty the whole
+    image onto a disk: refused like any source that is not a directory below the root."""
+    rootfs, work, build = _disk_build(tmp_path, monkeypatch, "/srv/data")
+    (rootfs / "srv").mkdir()
+    (rootfs / "srv" / "data").symlink_to("/")
+    (rootfs / "etc").mkdir()
+    with pytest.raises(InvalidInput) as err:
+        build()
+    assert err.value.field == "disks[0].populate_from"
+    assert (rootfs / "etc").is_dir()
+
+
+def test_emptying_a_folder_outside_the_staging_directory_is_refused(tmp_path: Path) -> None:
+    """The last guard of the build's one delete: whatever the caller resolved, a folder whose
+    real path is not inside the build's staging directory is never emptied."""
+    staging, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    staging.mkdir()
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "keep.txt").write_text("kept\n")
+    (staging / "link").symlink_to(elsewhere)
+    for target in (elsewhere, staging / "link", staging / "link" / "sub" / ".."):
+        with pytest.raises(InfraError, match="outside the build's staging directory"):
+            _empty_inside(target, staging)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt", "sub"]
+    (staging / "rootfs" / "mnt" / "sub").mkdir(parents=True)
+    (staging / "rootfs" / "mnt" / "f").write_text("x")
+    (staging / "rootfs" / "mnt" / "out").symlink_to(elsewhere)
+    _empty_inside(staging / "rootfs" / "mnt", staging)
+    assert list((staging / "rootfs" / "mnt").iterdir()) == []
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt", "sub"]  # a link is unlinked

@@ -1,0 +1,70 @@
+"""Hostile inputs, round three (issue #46, part A): the paths files name, the files users name,
+what ``--write``/``--out`` write and text from recordings, each attack as the issue found it.
+No VM, no model: files under ``tmp_path``, the CLI in-process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runner.core.paths import MAX_SYMLINKS, contained, resolve_in_root
+
+# --- every path a file names is resolved inside its root ------------------------------------
+
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A root (an image's ``/``, a run directory) and a host folder beside it."""
+    root, host = tmp_path / "root", tmp_path / "host"
+    (root / "run" / "data").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (host / "data").mkdir(parents=True)
+    return root, host
+
+
+def test_contained_follows_every_symlink_before_it_says_inside(tmp_path: Path) -> None:
+    root, host = _tree(tmp_path)
+    assert contained(root / "run" / "data", root) == root / "run" / "data"
+    assert contained(root, root) == root
+    assert contained(root / "no" / "such" / "file", root) == root / "no" / "such" / "file"
+    (root / "out").symlink_to(host)  # an early component out of the root: the last one is plain
+    assert contained(root / "out" / "data", root) is None
+    assert contained(root / "run" / ".." / ".." / "host", root) is None
+    assert contained(host, root) is None
+    (root / "inner").symlink_to("run/data")  # a link that stays inside is fine
+    assert contained(root / "inner", root) == root / "run" / "data"
+    (root / "loop").symlink_to("loop")  # a loop is never "inside", whatever follows it
+    assert contained(root / "loop" / ".." / ".." / "host", root) is None
+    assert contained(root / "bad\0name", root) is None
+    # a root reached through a symlink is the same root
+    (tmp_path / "alias").symlink_to(root)
+    assert contained(tmp_path / "alias" / "etc", root) == root / "etc"
+
+
+def test_resolve_in_root_follows_symlinks_as_the_rooted_system_would(tmp_path: Path) -> None:
+    root, host = _tree(tmp_path)
+    (root / "var").mkdir()
+    (root / "var" / "run").symlink_to("/run")  # Debian's own absolute link
+    assert resolve_in_root(root, "/var/run/data") == root / "run" / "data"
+    assert resolve_in_root(root, "var/run/data") == root / "run" / "data"
+    # an absolute link to a host folder is that path inside the root (absent there), never the host's
+    (root / "srv").symlink_to(host)
+    assert resolve_in_root(root, "/srv/data") == root / str(host).lstrip("/") / "data"
+    # a relative link climbing out stops at the root, like '..' in a chroot
+    (root / "up").symlink_to(os.path.relpath(host, root))
+    assert resolve_in_root(root, "/up/data") == root / "host" / "data"
+    assert resolve_in_root(root, "/../../../etc") == root / "etc"
+    assert resolve_in_root(root, "/run/data/../../etc") == root / "etc"
+    (root / "self").symlink_to("/")
+    assert resolve_in_root(root, "/self") == root
+    # a loop, or more links than Linux follows, resolves to nothing
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    assert resolve_in_root(root, "/a/x") is None
+    for i in range(MAX_SYMLINKS + 1):
+        (root / f"l{i}").symlink_to(f"l{i + 1}")
+    (root / f"l{MAX_SYMLINKS + 1}").mkdir()
+    assert resolve_in_root(root, "/l0") is None
+    assert resolve_in_root(root, f"/l{MAX_SYMLINKS // 2}") == root / f"l{MAX_SYMLINKS + 1}"
+    (root / "etc" / "file").write_text("x")
+    assert resolve_in_root(root, "/etc/file/below") is None  # not a directory
+
