@@ -7,8 +7,10 @@ scenario. Regexes written per spec missed the obvious variants
 also gets the :data:`BASELINE` here, and the spec's list only adds to it.
 
 The baseline is not a list of regexes over the raw text: a command is split
-the way the shell would split it (:mod:`shlex`, with the shell's operators
-``; & | ( ) < >``, newlines and backquotes as separators), each simple
+the way the shell would split it (as :mod:`shlex` splits it, with the shell's
+operators ``; & | ( ) < >``, newlines and backquotes as separators; by a
+splitter of our own that gives shlex's words in time linear in the command,
+see :func:`_split`), each simple
 command is reduced to its program and arguments (leading ``VAR=value``
 assignments, ``sudo``/``env``/``command``/``exec``/``nice``/``nohup``/
 ``timeout`` wrappers, a program's directory and a leading backslash are
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -214,13 +215,107 @@ BASELINE: tuple[Rule, ...] = (
 _FORK_BOMB = compile_pattern(r":\s*\(\s*\)\s*\{\s*:\s*\|\s*:\s*&")
 
 
+_WHITESPACE = " \t\r"
+_OPERATORS = re.compile(r"[;&|()<>\n`]+")  # adjacent operator characters are one token
+_PLAIN = re.compile(r"[^ \t\r#;&|()<>\n`'\"\\]+")  # characters that only extend a word
+_IN_DOUBLE = re.compile(r'[^"\\]+')
+
+
+class _Unclosed(ValueError):
+    """A quote left open, or a backslash at the very end."""
+
+
+def _split(command: str) -> list[str]:
+    r"""The words and operator runs of ``command``, exactly as :mod:`shlex` splits them here.
+
+    ``shlex.shlex(command, posix=True, punctuation_chars=_PUNCT)``, with
+    whitespace ``" \t\r"`` and ``whitespace_split``, was the splitter, and the
+    baseline's verdicts depend on its every quirk (``#`` starts a comment even
+    inside a word and takes the newline with it; ``\`` keeps the character after
+    it, a newline too; inside double quotes a backslash stays unless ``"`` or
+    ``\`` follows), so they are kept to the letter: tests/unit/test_forbidden.py
+    compares the two on generated text. What is not kept is its cost: shlex grows
+    a token by string concatenation, quadratic in the token's length (a
+    400,000-character word took 9 s, an 8 MB one hours, and the episode's
+    budget could not fire meanwhile). Here a run of ordinary characters is one
+    regex match or ``find`` and a word is joined once: linear in the command's
+    length. Raises :class:`_Unclosed` where shlex raised ``ValueError``.
+    """
+    out: list[str] = []
+    n = len(command)
+    i = 0
+    while True:
+        while i < n and command[i] in _WHITESPACE:
+            i += 1
+        if i >= n:
+            return out
+        c = command[i]
+        if c == "#":  # a comment, to the end of the line; the newline goes with it
+            end = command.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        if c in _PUNCT:
+            m = _OPERATORS.match(command, i)
+            assert m is not None
+            out.append(m.group())
+            i = m.end()
+            continue
+        parts: list[str] = []
+        quoted = False
+        while i < n:
+            c = command[i]
+            if c in _WHITESPACE:
+                i += 1
+                break
+            if c == "#":  # shlex: a comment even inside a word
+                end = command.find("\n", i)
+                i = n if end < 0 else end + 1
+                break
+            if c in _PUNCT:
+                break
+            if c == "'":
+                quoted = True
+                end = command.find("'", i + 1)
+                if end < 0:
+                    raise _Unclosed("no closing quotation")
+                parts.append(command[i + 1:end])
+                i = end + 1
+            elif c == '"':
+                quoted = True
+                i += 1
+                while True:
+                    m = _IN_DOUBLE.match(command, i)
+                    if m is not None:
+                        parts.append(m.group())
+                        i = m.end()
+                    if i >= n:
+                        raise _Unclosed("no closing quotation")
+                    if command[i] == '"':
+                        i += 1
+                        break
+                    if i + 1 >= n:  # a backslash, last
+                        raise _Unclosed("no escaped character")
+                    after = command[i + 1]
+                    parts.append(after if after in '\\"' else "\\" + after)
+                    i += 2
+            elif c == "\\":
+                if i + 1 >= n:
+                    raise _Unclosed("no escaped character")
+                parts.append(command[i + 1])
+                i += 2
+            else:
+                m = _PLAIN.match(command, i)
+                assert m is not None
+                parts.append(m.group())
+                i = m.end()
+        if parts or quoted:
+            out.append("".join(parts))
+
+
 def _tokens(command: str) -> list[str]:
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=_PUNCT)
-    lexer.whitespace = " \t\r"
-    lexer.whitespace_split = True
     try:
-        return list(lexer)
-    except ValueError:  # an unclosed quote: split as the words come
+        return _split(command)
+    except _Unclosed:  # an unclosed quote: split as the words come
         return re.findall(r"[;&|()<>\n`]+|[^\s;&|()<>`]+", command.replace('"', " ").replace("'", " "))
 
 
@@ -259,26 +354,33 @@ def _simple_commands(command: str) -> Iterator[tuple[list[str], list[str]]]:
         i += 1
 
 
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+_DURATION = re.compile(r"[\d.]+[smhd]?")
+
+
 def _unwrap(argv: list[str]) -> list[str]:
-    """The program that really runs: assignments, wrappers and their options dropped."""
-    out = list(argv)
-    while out:
-        head = out[0].lstrip("\\")
+    """The program that really runs: assignments, wrappers and their options dropped.
+
+    Walks an index rather than popping the list's head, which made
+    ``sudo sudo ... rm`` (or a run of ``A=1``) quadratic in its words.
+    """
+    i, n = 0, len(argv)
+    while i < n:
+        head = argv[i].lstrip("\\")
         name = head.rsplit("/", 1)[-1] if "/" in head else head
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", out[0]):
-            out.pop(0)
+        if _ASSIGNMENT.fullmatch(argv[i]):
+            i += 1
         elif name in _WRAPPERS:
-            out.pop(0)
-            while out and (out[0].startswith("-") or re.fullmatch(r"[\d.]+[smhd]?", out[0])
-                           or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", out[0])):
-                takes_arg = out[0] in ("-u", "-g", "-n", "-s", "-k", "-C", "-c", "-p")
-                out.pop(0)
-                if takes_arg and out and name in ("sudo", "doas", "nice", "timeout"):
-                    out.pop(0)
+            i += 1
+            while i < n and (argv[i].startswith("-") or _DURATION.fullmatch(argv[i])
+                             or _ASSIGNMENT.fullmatch(argv[i])):
+                takes_arg = argv[i] in ("-u", "-g", "-n", "-s", "-k", "-C", "-c", "-p")
+                i += 1
+                if takes_arg and i < n and name in ("sudo", "doas", "nice", "timeout"):
+                    i += 1
         else:
-            out[0] = name
-            return out
-    return out
+            return [name, *argv[i + 1:]]
+    return []
 
 
 def baseline_rule(command: str, depth: int = 0) -> str | None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import re
+import shlex
+from collections.abc import Iterator
 
-from runner.core.forbidden import baseline_rule, forbidden_reason
+import pytest
+from conftest import _deadline
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner.core.forbidden import _PUNCT, BASELINE, _tokens, baseline_rule, forbidden_reason
 from runner.core.paths import repo_root
 from runner.core.rules import Rules
 from runner.core.spec import load_specs
@@ -87,3 +94,57 @@ def test_no_committed_solution_trips_the_baseline() -> None:
     for s in load_specs([repo_root() / "specs"]):
         for command in s.solution:
             assert baseline_rule(command) is None, (s.id, command)
+
+
+# --- the splitter: shlex's words, in time linear in the command (issue #46) ----------------------
+
+def _shlex_tokens(command: str) -> list[str]:
+    """The splitter as it was, on the standard shlex: the reference the linear one must match."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=_PUNCT)
+    lexer.whitespace = " \t\r"
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return re.findall(r"[;&|()<>\n`]+|[^\s;&|()<>`]+",
+                          command.replace('"', " ").replace("'", " "))
+
+
+# Every character the splitter treats apart, and a few it does not.
+SHELL_TEXT = st.text(alphabet=" \t\r\n;&|()<>`#'\"\\ab-/=$é*", max_size=30)
+
+
+@settings(max_examples=4000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SHELL_TEXT)
+def test_the_linear_splitter_splits_every_text_as_shlex_did(command: str) -> None:
+    """The baseline's verdicts are judging rules: the new splitter must not change one."""
+    assert _tokens(command) == _shlex_tokens(command)
+
+
+@pytest.mark.parametrize("command", [*CAUGHT, *ALLOWED, "a#b c\nd", 'x "a\\$b\\"c" \\\n y',
+                                     "ls # rm -rf /\nrm -rf /tmp/x", "echo ''"])
+def test_the_linear_splitter_splits_the_known_commands_as_shlex_did(command: str) -> None:
+    assert _tokens(command) == _shlex_tokens(command)
+
+
+def _megabyte_commands() -> Iterator[tuple[str, str]]:
+    m = 1 << 20
+    yield "one word", "echo " + "a" * m
+    yield "one quoted word", 'echo "' + "a" * m + '"'
+    yield "escapes in quotes", 'echo "' + "\\x" * (m // 2) + '"'
+    yield "many words", "echo " + "a " * (m // 2)
+    yield "wrappers", "sudo " * (m // 5) + "rm -rf /"
+    yield "assignments", "A=1 " * (m // 4) + "rm -rf /"
+    yield "eval in eval", "eval " * (m // 5) + "rm -rf /"
+    yield "unclosed quote", "echo '" + "a b " * (m // 4)
+
+
+def test_a_megabyte_command_of_any_shape_is_checked_in_linear_time() -> None:
+    """Each was quadratic (shlex's tokens, a list's head popped per wrapper): a 400,000-character
+    word took 9 s, an 8 MB command hours. Linear, a megabyte is a second or two; the deadline
+    is generous for a loaded host, and far short of quadratic."""
+    with _deadline(120):
+        found = {name: baseline_rule(command) for name, command in _megabyte_commands()}
+    assert found["wrappers"] == found["assignments"] == BASELINE[0].name
+    assert found["eval in eval"] is None  # deeper than _MAX_DEPTH: not an honest mistake
+    assert found["one word"] is None and found["unclosed quote"] is None
