@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -131,9 +132,15 @@ def _json_objects(text: str, limit: int = 20) -> list[Any]:
 
 
 def _timeout(value: Any) -> float | None:
+    """A model's timeout in seconds, or None (the scenario's own) for one that is not a finite
+    positive number: JSON's ``1e400`` is infinity, which no cassette event can hold."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if value > 0 else None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return seconds if 0 < seconds < math.inf else None
 
 
 # --- native tool calls ------------------------------------------------------------------------

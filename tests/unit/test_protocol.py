@@ -45,6 +45,16 @@ def test_native_tool_call() -> None:
     assert acts == [RunCommand("ls", 5.0, "c1")]
 
 
+@pytest.mark.parametrize("arguments", [
+    '{"command": "ls", "timeout": 1e400}', '{"command": "ls", "timeout": NaN}',
+    '{"command": "ls", "timeout": -Infinity}', '{"command": "ls", "timeout": 1' + "0" * 400 + "}"])
+def test_a_timeout_that_is_not_a_finite_number_is_the_scenarios_own(arguments: str) -> None:
+    """JSON's 1e400 is infinity: it reached the decision event, which could not be written, and
+    the episode was infra-error (issue #46)."""
+    assert ToolsProtocol().parse(_msg(None, [_call("run_command", arguments)])) == [
+        RunCommand("ls", None, "c1")]
+
+
 @pytest.mark.parametrize("arguments,fragment", [
     ("{not json", "not valid JSON"),
     ('"a string"', "must be a JSON object"),
