@@ -29,6 +29,7 @@ from runner.app.replay import replay_one
 from runner.core.agent_api import EpisodeOver, Shell, ThreadAgentModel, parse_observation
 from runner.core.agent_input import (
     MAX_COMMAND_CHARS,
+    MAX_EPISODE_COMMAND_CHARS,
     MAX_SUMMARY_CHARS,
     MAX_TIMEOUT,
     bounded_command,
@@ -360,6 +361,30 @@ def test_an_agent_that_sends_what_it_may_not_is_told_and_its_run_goes_on(tmp_pat
     decision = [e for e in Cassette.load(cassette).events if e["type"] == "decision"][0]
     assert decision["timeout"] == MAX_TIMEOUT  # capped, and recorded as what was used
     assert replay_one(cassette, offline=True).same
+
+
+class Chatty:
+    """Sends long commands until the episode's total is spent."""
+
+    refused: list[str] = []
+
+    def solve(self, task: str, shell: Shell) -> None:
+        type(self).refused = []
+        long = "true " + "x" * (MAX_COMMAND_CHARS - 105)  # 32 leave room for a short one
+        for _ in range(MAX_EPISODE_COMMAND_CHARS // MAX_COMMAND_CHARS + 1):
+            try:
+                shell.run(long)
+            except AgentInputError as exc:
+                type(self).refused.append(str(exc))
+        shell.run("touch a b")
+        shell.finish("done")
+
+
+def test_an_episodes_commands_are_bounded_in_total(tmp_path: Path) -> None:
+    allowed = MAX_EPISODE_COMMAND_CHARS // MAX_COMMAND_CHARS
+    ep, _ = _episode(tmp_path, Chatty, turns=allowed + 5)
+    assert ep.commands == allowed + 1 and ep.verdict is Verdict.PASS, ep.reason
+    assert len(Chatty.refused) == 1 and "would total" in Chatty.refused[0]
 
 
 # --- finding the agent --------------------------------------------------------------------------
