@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import functools
 import importlib.util
 import json
 import logging
@@ -25,7 +24,6 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 from runner import __version__
 from runner.app import atif, html_report, logs, mcp_server, results
@@ -37,14 +35,11 @@ from runner.app.bench import check_bench, resume_scenarios, run_bench
 from runner.app.cache import entries, prune
 from runner.app.cliparse import Parser, UsageError
 from runner.app.compare import compare_runs, render_comparisons
-from runner.app.driver import Job, Start, drive
 from runner.app.episodes import RunOptions
 from runner.app.executors import (
     MAX_JOBS,
-    Done,
     Executor,
     ExecutorKind,
-    WorkerLost,
     auto_jobs,
     make_local,
 )
@@ -63,19 +58,9 @@ from runner.app.runs import (
     recorded_cassettes,
     results_file,
 )
-from runner.app.signals import Interrupted, signals_raise
-from runner.app.verify import (
-    EPISODE_CHECKS,
-    ShortcutRun,
-    Verification,
-    add_shortcuts,
-    json_rows,
-    recorded_shortcut,
-    slowest_first,
-    table_rows,
-    verify_repeated,
-    verify_shortcut,
-)
+from runner.app.signals import Interrupted
+from runner.app.verify import json_rows, table_rows
+from runner.app.verify_run import VerifyOptions, run_verify
 from runner.backends.cachedir import cache_root
 from runner.backends.images import build_image, find_image, list_images
 from runner.backends.llama import (
@@ -100,7 +85,7 @@ from runner.core.paths import default_spec_dirs
 from runner.core.protocol import CHOICES
 from runner.core.selection import Selection, choose, split_words
 from runner.core.spec import Scenario, check_specs, load_spec, load_specs
-from runner.core.text import one_line, printable
+from runner.core.text import printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
 MAX_SEED = 2 ** 32 - 2  # llama-server's seeds are 32-bit; 2**32 - 1 asks it for a random one
@@ -283,6 +268,20 @@ def _parser() -> argparse.ArgumentParser:
                         "'noop fails' from its cassette under --recorded-from (same rules as "
                         "--shortcuts recorded), and the baseline and 'fault lands' from the "
                         "oracle's own run (make test)")
+    p.add_argument("--alternatives", choices=("run", "recorded"), default="run",
+                   help="run: each valid alternative fix (the spec's alternatives:) as a scripted "
+                        "agent on a real VM, which must pass; recorded: prove each from its "
+                        "cassette under --recorded-from (alternatives/<scenario-id>/<name>.jsonl)")
+    p.add_argument("--oracle", choices=("run", "changed"), default="run",
+                   help="run: the oracle of every scenario live on a real VM; changed: prove it "
+                        "from its recording under --recorded-from when the spec, the judging "
+                        "rules, the image recipe and the guest helper are all as recorded, and "
+                        "run live only the others and a --sample that rotates daily (make test)")
+    p.add_argument("--sample", type=int, default=3, metavar="N",
+                   help="with --oracle changed: how many scenarios still run live although "
+                        "their recordings prove them (default 3; a window that moves each day)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR",
+                   help="where verify's run directory (its report) is made (default runs)")
     p.add_argument("--recorded-from", "--shortcuts-from", dest="recorded_from",
                    default="recordings/oracle", metavar="DIR",
                    help="with --shortcuts/--noop recorded: where the recordings are "
@@ -738,78 +737,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     jobs = _jobs(args.jobs)
     _number(args.repeat, "--repeat", 1, 20)
+    _number(args.sample, "--sample", 0, 1000)
     scenarios = _selected(args)
-    run_dir = new_run_dir(Path("runs"), "verify")
-    record_to = Path(args.record_to) if args.record_to else None
     recorded = Path(args.recorded_from)
-    if "recorded" in (args.shortcuts, args.noop) and not recorded.is_dir():
+    if ("recorded" in (args.shortcuts, args.noop, args.alternatives) or args.oracle == "changed") \
+            and not recorded.is_dir():
         raise InvalidInput("not a directory", path=args.recorded_from, field="--recorded-from")
-    if record_to:
-        record_to.mkdir(parents=True, exist_ok=True)
-
-    vlog = logging.getLogger("rootbench.verify")
-
     if jobs is None:
         jobs, why = auto_jobs()
-        vlog.info("--jobs auto: %s", why)
-    found: dict[int, Verification] = {}
-    shortcuts: dict[tuple[int, int], ShortcutRun] = {}
-    def gathered(done: Done) -> None:
-        if done.error is not None and not isinstance(done.error, WorkerLost):
-            raise done.error
-        if isinstance(done.key, tuple):
-            i, j = done.key
-            sc = scenarios[i].shortcuts[j]
-            shortcuts[(i, j)] = done.value if done.error is None else ShortcutRun(
-                sc.name, sc.kind.value, None, "infra-error",
-                f"infrastructure: {one_line(str(done.error))}")
-            return
-        at = cast(int, done.key)  # the int key given with the scenario's job
-        v = done.value if done.error is None else Verification(
-            scenarios[at].id, problems=[f"infrastructure: {one_line(str(done.error))}"])
-        vlog.info("%d/%d %s: noop and oracle %s (%.1fs)", len(found) + 1, len(scenarios),
-                  scenarios[at].id, "ok" if all(v.checks.get(c) for c in EPISODE_CHECKS)
-                  else "INVALID: " + "; ".join(v.problems), v.seconds)
-        found[at] = v
-
-    # The bench's machinery: one scenario's noop and oracle checks per job, and one job per
-    # shortcut, at most `jobs` at once (each in a child process of its own when there are
-    # several), through the bench's own driver loop; results gathered here in order.
-    with signals_raise(), make_local(jobs) as pool, pool.cancelling():
-        work: list[Start] = []
-        for i in slowest_first(scenarios, recorded):
-            s = scenarios[i]
-            check = functools.partial(verify_repeated, accel=args.accel,
-                                      transport=args.transport, record_to=record_to,
-                                      noop_from=recorded if args.noop == "recorded" else None)
-            work.append(functools.partial(
-                Job, i, check, (s, run_dir, args.repeat),
-                timeout=args.repeat * (4 * s.budget.seconds + pool.setup_slack)))
-            for j in range(len(s.shortcuts)):
-                if args.shortcuts == "recorded":
-                    shortcuts[(i, j)] = recorded_shortcut(s, j, recorded)
-                    continue
-                one = functools.partial(verify_shortcut, accel=args.accel,
-                                        transport=args.transport, record_to=record_to)
-                work.append(functools.partial(
-                    Job, (i, j), one, (s, j, run_dir, args.repeat),
-                    timeout=args.repeat * (2 * s.budget.seconds + pool.setup_slack)))
-        drive(pool, work, gathered)
-    results = [found[i] for i in range(len(scenarios))]
-    for i, (s, v) in enumerate(zip(scenarios, results, strict=True)):
-        add_shortcuts(v, [shortcuts[(i, j)] for j in range(len(s.shortcuts))])
-        rejected = sum(r.rejected is True for r in v.shortcuts)
-        vlog.info("%s: %s; %d of %d shortcuts rejected", s.id, "valid" if v.valid else "INVALID",
-                  rejected, len(v.shortcuts))
-    # The report: every noop, oracle and shortcut cassette (recorded ones included).
-    cassettes = dict.fromkeys(p.resolve() for p in [
-        *sorted(run_dir.glob(f"*{layout.SUFFIX}")),
-        *(Path(v.noop_cassette) for v in results if v.noop_cassette),
-        *(Path(v.cassette) for v in results if v.cassette),
-        *(Path(r.cassette) for v in results for r in v.shortcuts if r.cassette)] if p.is_file())
-    report = html_report.refresh(run_dir, vlog, cassettes=list(cassettes))
-    if report is not None:
-        vlog.info("report: %s", report)
+        logging.getLogger("rootbench.verify").info("--jobs auto: %s", why)
+    done = run_verify(scenarios, VerifyOptions(
+        jobs=jobs, repeat=args.repeat, accel=args.accel, transport=args.transport,
+        record_to=Path(args.record_to) if args.record_to else None, recorded=recorded,
+        noop_recorded=args.noop == "recorded", shortcuts_recorded=args.shortcuts == "recorded",
+        alternatives_recorded=args.alternatives == "recorded", runs_dir=Path(args.runs_dir),
+        oracle_changed=args.oracle == "changed", sample=args.sample))
+    results = done.results
     if args.format == "json":
         _out(json.dumps(json_rows(results), indent=2))
     else:

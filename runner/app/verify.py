@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ from typing import Any
 from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import slug
+from runner.backends.framing import helper_digest
+from runner.backends.images import load_recipe
 from runner.core import layout
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode
@@ -52,6 +55,7 @@ from runner.core.errors import InvalidInput
 from runner.core.model import noop, oracle, scripted
 from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
 from runner.core.protocol import get_protocol
+from runner.core.rules import CURRENT_RULES
 from runner.core.spec import Scenario
 from runner.core.text import one_line
 
@@ -60,7 +64,8 @@ log = logging.getLogger("rootbench.verify")
 # The checks the noop and oracle episodes of one job answer, then the shortcuts' (one job each).
 EPISODE_CHECKS = ("baseline", "fault lands", "noop fails", "oracle passes")
 SHORTCUTS = "shortcuts rejected"
-CHECKS = (*EPISODE_CHECKS, SHORTCUTS)
+ALTERNATIVES = "alternatives pass"
+CHECKS = (*EPISODE_CHECKS, SHORTCUTS, ALTERNATIVES)
 WHY = "verify: scripted agents speak native tool calls"
 
 
@@ -94,6 +99,9 @@ class Verification:
     tries: int = 1  # how many times the checks ran (verify --repeat)
     flaky: bool = False  # the tries disagreed on some check
     shortcuts: list[ShortcutRun] = field(default_factory=list)  # in the spec's order
+    # The spec's valid alternative fixes, each as a ShortcutRun whose ``rejected`` is True when
+    # the alternative *failed* (a probe refused a correct fix), False when it passed.
+    alternatives: list[ShortcutRun] = field(default_factory=list)
     noop_cassette: str | None = None  # the noop run's (recorded, or the one it was proven from)
 
     @property
@@ -165,9 +173,19 @@ def _fault(ep: Episode, v: Verification) -> None:
 
 def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: str = "auto",
                     transport: str = "serial", record_to: Path | None = None,
-                    noop_from: Path | None = None) -> Verification:
+                    noop_from: Path | None = None,
+                    oracle_from: Path | None = None) -> Verification:
     """The noop and oracle checks ``repeat`` times; only the last try records to ``record_to``.
-    ``noop_from``: prove the noop check from the recording under it instead of a live run."""
+    ``noop_from``: prove the noop check from the recording under it instead of a live run.
+    ``oracle_from``: prove the oracle's checks from the recording under it when nothing it
+    depended on changed (:func:`recorded_oracle`; the noop's then too); else run them live."""
+    if oracle_from is not None:
+        v = Verification(scenario.id)
+        t0 = time.monotonic()
+        if recorded_oracle(scenario, oracle_from, v):
+            recorded_noop(scenario, noop_from or oracle_from, v)
+            v.seconds = round(time.monotonic() - t0, 1)
+            return v
     tries = []
     for i in range(1, repeat + 1):
         last = i == repeat
@@ -219,12 +237,7 @@ def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
         _baseline(ep, v)
         _fault(ep, v)
         recorded_noop(scenario, noop_from, v)
-    ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
-    v.checks["oracle passes"] = ok
-    if not ok:
-        broken = _broken_invariants(ep.invariants)
-        detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict is Verdict.PASS else ep.reason
-        v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
+    _oracle_passes(ep, v)
     v.seconds = round(time.monotonic() - t0, 1)
     return v
 
@@ -276,12 +289,75 @@ def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | N
     return dict(rep.cassette.verdict or {}), ""
 
 
-def shortcut_slugs(scenario: Scenario) -> list[str]:
-    """Each shortcut's file name stem, in the spec's order: its name made a lower-case slug,
-    ``-2``, ``-3`` ... after a stem an earlier shortcut already took (names differ in case or
-    punctuation only)."""
+def _recorded_builds(image: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """(image name, recipe key, helper digest) of every machine a header's sandbox describes."""
+    out = set()
+    for m in (image, *(m for m in image.get("machines") or () if isinstance(m, Mapping))):
+        out.add((str(m.get("image", "")), str(m.get("recipe_key", "")), str(m.get("helper", ""))))
+    return out
+
+
+def stale_proof(path: Path, scenario: Scenario) -> str | None:
+    """Why the recording at ``path`` cannot stand for a live oracle run today, or None.
+
+    A recording of the oracle proves the scenario today only if nothing it
+    depended on has changed since: the spec (its sha256), the judging rules,
+    the image recipe each machine was built from (its cache key) and the
+    guest helper that ran the probes (its digest). ``make test`` runs live
+    only the scenarios this names, and a small rotating sample of the rest
+    (``verify --oracle changed``); ``make verify`` runs them all.
+    """
+    try:
+        head = Cassette.load(path).head
+    except (OSError, InvalidInput) as exc:
+        return f"no usable recording: {one_line(str(exc), 160)}"
+    if head.spec_hash != scenario.spec_hash:
+        return "the spec changed since it was recorded"
+    if head.rules != CURRENT_RULES:
+        return f"recorded under judging rules {int(head.rules)}, today's are {int(CURRENT_RULES)}"
+    images = {m.image for m in scenario.machines} or {scenario.image}
+    today = {(name, load_recipe(name).key, helper_digest()) for name in images}
+    recorded = _recorded_builds(head.image)
+    if recorded != today:
+        return "recorded on another image recipe or guest helper"
+    return None
+
+
+def recorded_oracle(scenario: Scenario, recorded: Path, v: Verification) -> bool:
+    """The first four checks from the committed oracle recording, if it still proves them
+    (:func:`stale_proof`, then :func:`replayed_verdict`): True when it did, False when the
+    oracle must run live (the reason is logged)."""
+    path = recorded / layout.oracle_cassette_name(scenario.id)
+    why = stale_proof(path, scenario)
+    verdict = None
+    if why is None:
+        verdict, why = replayed_verdict(path, scenario)
+    if verdict is None:
+        log.info("%s: the oracle runs live: %s", scenario.id, why)
+        return False
+    ep = Episode.from_dict(verdict)
+    v.cassette = str(path)
+    _baseline(ep, v)
+    _fault(ep, v)
+    _oracle_passes(ep, v)
+    return True
+
+
+def _oracle_passes(ep: Episode, v: Verification) -> None:
+    ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
+    v.checks["oracle passes"] = ok
+    if not ok:
+        broken = _broken_invariants(ep.invariants)
+        detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict is Verdict.PASS else ep.reason
+        v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
+
+
+def shortcut_slugs(scenario: Scenario, alternatives: bool = False) -> list[str]:
+    """Each shortcut's (or alternative's) file name stem, in the spec's order: its name made a
+    lower-case slug, ``-2``, ``-3`` ... after a stem an earlier one already took (names differ
+    in case or punctuation only)."""
     out: list[str] = []
-    for s in scenario.shortcuts:
+    for s in (scenario.alternatives if alternatives else scenario.shortcuts):
         base = slug(s.name).lower()
         stem, n = base, 1
         while stem in out:
@@ -291,32 +367,56 @@ def shortcut_slugs(scenario: Scenario) -> list[str]:
     return out
 
 
-def shortcut_cassette(record_dir: Path, scenario: Scenario, index: int) -> Path:
-    """Where shortcut ``index`` of ``scenario`` is recorded: beside the oracle's cassettes."""
-    return layout.shortcut_cassette_path(record_dir, scenario.id, shortcut_slugs(scenario)[index])
+def shortcut_cassette(record_dir: Path, scenario: Scenario, index: int,
+                      alternative: bool = False) -> Path:
+    """Where shortcut (or alternative) ``index`` of ``scenario`` is recorded: beside the
+    oracle's cassettes."""
+    stem = shortcut_slugs(scenario, alternative)[index]
+    where = layout.alternative_cassette_path if alternative else layout.shortcut_cassette_path
+    return where(record_dir, scenario.id, stem)
 
 
 def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int = 1, *,
                     accel: str = "auto", transport: str = "serial",
-                    record_to: Path | None = None) -> ShortcutRun:
-    """Run shortcut ``index`` as the scripted agent ``repeat`` times; the last try records to
-    ``record_to`` (else ``run_dir``), earlier ones to ``run_dir/try<i>``."""
+                    record_to: Path | None = None, alternative: bool = False) -> ShortcutRun:
+    """Run shortcut ``index`` (or, with ``alternative``, the valid alternative fix ``index``)
+    as the scripted agent ``repeat`` times; the last try records to ``record_to`` (else
+    ``run_dir``), earlier ones to ``run_dir/try<i>``."""
     t0 = time.monotonic()
-    shortcut = scenario.shortcuts[index]
+    entry = (scenario.alternatives if alternative else scenario.shortcuts)[index]
+    kind = ALTERNATIVE_KIND if alternative else scenario.shortcuts[index].kind.value
     opts = RunOptions(accel=accel, transport=transport, protocol="tools")
     tools = get_protocol("tools")
     episodes: list[Episode] = []
-    target = shortcut_cassette(record_to or run_dir, scenario, index)
+    target = shortcut_cassette(record_to or run_dir, scenario, index, alternative)
     for i in range(1, repeat + 1):
-        path = target if i == repeat else shortcut_cassette(run_dir / f"try{i}", scenario, index)
+        path = target if i == repeat else shortcut_cassette(run_dir / f"try{i}", scenario, index,
+                                                            alternative)
         path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("%s: shortcut %r%s", scenario.id, shortcut.name,
-                 f" (try {i} of {repeat})" if repeat > 1 else "")
-        agent = scripted(shortcut.name, list(shortcut.commands))
+        log.info("%s: %s %r%s", scenario.id, "alternative" if alternative else "shortcut",
+                 entry.name, f" (try {i} of {repeat})" if repeat > 1 else "")
+        agent = scripted(entry.name, list(entry.commands))
         episodes.append(run_one(scenario, agent, tools, WHY, opts, path))
-    run = judge_shortcut(shortcut.name, shortcut.kind.value, episodes)
+    run = (judge_alternative if alternative else judge_shortcut)(entry.name, kind, episodes)
     run.cassette, run.seconds = str(target), round(time.monotonic() - t0, 1)
     return run
+
+
+ALTERNATIVE_KIND = "alternative"
+
+
+def judge_alternative(name: str, kind: str, episodes: list[Episode]) -> ShortcutRun:
+    """One valid alternative's tries as one finding: it must pass every try (a correct fix
+    that passes only sometimes meets a flaky probe); a fail in any try is a probe too narrow
+    (``rejected`` True); an infra-error or invalid-scenario proves nothing (None)."""
+    deciding = next((e for e in episodes if e.verdict is Verdict.FAIL), None)
+    rejected: bool | None = True
+    if deciding is None:
+        deciding = next((e for e in episodes if e.verdict is not Verdict.PASS), None)
+        rejected = None if deciding is not None else False
+        deciding = deciding or episodes[-1]
+    return ShortcutRun(name=name, kind=kind, rejected=rejected, verdict=deciding.verdict.value,
+                       reason=one_line(deciding.reason, 300), tries=len(episodes))
 
 
 def slowest_first(scenarios: list[Scenario], recorded: Path) -> list[int]:
@@ -340,6 +440,22 @@ def slowest_first(scenarios: list[Scenario], recorded: Path) -> list[int]:
 
     times = [took(s) for s in scenarios]
     return sorted(range(len(scenarios)), key=lambda i: -times[i])
+
+
+def recorded_alternative(scenario: Scenario, index: int, recorded: Path) -> ShortcutRun:
+    """Valid alternative ``index`` proven from its recording: it must end ``pass``."""
+    alt = scenario.alternatives[index]
+    path = shortcut_cassette(recorded, scenario, index, alternative=True)
+    t0 = time.monotonic()
+    verdict, why = replayed_verdict(path, scenario)
+    if verdict is None:
+        return ShortcutRun(alt.name, ALTERNATIVE_KIND, None, "-", why, cassette=str(path))
+    recorded_verdict = verdict.get("verdict")
+    rejected = False if recorded_verdict == Verdict.PASS.value else (
+        True if recorded_verdict == Verdict.FAIL.value else None)
+    return ShortcutRun(alt.name, ALTERNATIVE_KIND, rejected, str(recorded_verdict),
+                       one_line(str(verdict.get("reason", "")), 300), cassette=str(path),
+                       seconds=round(time.monotonic() - t0, 1))
 
 
 def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> ShortcutRun:
@@ -399,8 +515,29 @@ def add_shortcuts(v: Verification, runs: list[ShortcutRun]) -> None:
                           f"({r.reason})")
 
 
+def add_alternatives(v: Verification, runs: list[ShortcutRun]) -> None:
+    """The sixth check: every valid alternative fix the spec lists passes. A spec that lists
+    none has nothing to prove here (the check holds); one that a probe refuses is named."""
+    v.alternatives = runs
+    v.seconds = round(v.seconds + sum(r.seconds for r in runs), 1)
+    refused = [r for r in runs if r.rejected is True]
+    unproven = [r for r in runs if r.rejected is None]
+    v.checks[ALTERNATIVES] = False if refused else (None if unproven else True)
+    for r in refused:
+        v.problems.append(f"alternative {r.name!r} was refused: {r.reason}")
+    for r in unproven:
+        v.problems.append(f"{ALTERNATIVES}: not proven: alternative {r.name!r} ended {r.verdict} "
+                          f"({r.reason})")
+
+
 def _mark(v: Verification, check: str) -> str:
     x = v.checks.get(check)
+    if check == ALTERNATIVES:
+        if not v.alternatives:
+            return "none"
+        passed = sum(r.rejected is False for r in v.alternatives)
+        word = "ok" if x is True else ("FAIL" if x is False else "-")
+        return f"{word}:{passed}/{len(v.alternatives)}"
     if check == SHORTCUTS:
         if not v.shortcuts:
             return "none"
@@ -426,4 +563,6 @@ def json_rows(results: list[Verification]) -> list[dict[str, object]]:
     problem and each shortcut's finding (name, kind, rejected, verdict, reason, cassette)."""
     headers, rows = table_rows(results)
     return [{**dict(zip(headers, row, strict=True)), "valid": v.valid, "problems": v.problems,
-             "shortcuts": [r.to_dict() for r in v.shortcuts]} for v, row in zip(results, rows, strict=True)]
+             "shortcuts": [r.to_dict() for r in v.shortcuts],
+             "alternatives": [r.to_dict() for r in v.alternatives]}
+            for v, row in zip(results, rows, strict=True)]

@@ -98,6 +98,7 @@ class BuiltImage:
     cmdline: str
     built_at: str
     disks: tuple[ExtraDisk, ...] = ()  # attached after the root disk, in this order
+    recipe_key: str = ""  # the recipe's cache key it was built from ("" if not recorded)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "sha256": self.sha256, "dir": str(self.dir),
@@ -172,7 +173,8 @@ def _read_built(d: Path) -> BuiltImage | None:
         return BuiltImage(name=m["name"], dir=d, base=d / "base.qcow2", kernel=d / "vmlinuz",
                           initrd=d / "initrd.img", ssh_key=d / "id_ed25519", sha256=m["sha256"],
                           memory_mib=int(m["memory_mib"]), cmdline=m["cmdline"],
-                          built_at=m["built_at"], disks=disks)
+                          built_at=m["built_at"], disks=disks,
+                          recipe_key=str(m.get("recipe_key", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.backends.framing import helper_digest
 from runner.backends.images import BuiltImage, ensure_image
 from runner.backends.lan import LanPort
 from runner.backends.process import guest_nice
@@ -80,6 +81,11 @@ class SandboxInfo:
     # (process.GUEST_NICE, as far as rootbench's own nice value left room); 0: none.
     # Absent from cassettes recorded before it existed.
     guest_nice: int = 0
+    # What a recorded proof depends on beside the spec and the rules (``verify --oracle
+    # changed``): the image recipe's cache key and the guest helper's digest; "" in cassettes
+    # recorded before they were written.
+    recipe_key: str = ""
+    helper: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,7 +191,8 @@ class Sandbox:
                                 ready_s=round(time.monotonic() - t0, 3),
                                 shell_s=round(self.shell_s, 3), qemu_version=qemu_version(),
                                 image=image.name, image_sha256=image.sha256,
-                                transport=self.transport, guest_nice=self._q.nice)
+                                transport=self.transport, guest_nice=self._q.nice,
+                                recipe_key=image.recipe_key, helper=helper_digest())
 
     def _boot(self, image: BuiltImage, accel: str) -> tuple[str, str | None]:
         """Down the chain from ``self.restore``: the way that worked, and why those before failed."""

@@ -18,9 +18,13 @@ The order is fixed and the same in every mode (live, replay, offline):
    spec's own patterns); a broken invariant or a forbidden command makes it
    ``fail``, flagged ``collateral``/``unsafe``, with the reason naming what
    broke. Under :attr:`Rules.V1` (older cassettes) they only flag it.
-6. re-checks, when the spec asks and the post-check passed: the probes and
-   invariants again after ``recheck_after`` seconds of guest time, then after
-   a clean reboot; a fix that does not last fails (``failed_recheck``).
+6. under rules 3, the state diff (:mod:`runner.core.lasting`): the machine's
+   state at the end against the clean machine's and the fault's; what the
+   agent left weaker fails the run, what it left behind flags it;
+7. re-checks, when the post-check passed: the probes and invariants again
+   after ``recheck_after`` seconds of guest time, then after a clean reboot
+   (under rules 3 every run unless its spec opts out; under rules 2 when the
+   spec asks); a fix that does not last fails (``failed_recheck``).
 
 Each step's wall time is kept in ``Episode.phases`` (see :data:`PHASES`), so
 a slow benchmark can be traced to the step that made it slow. The phases are
@@ -44,8 +48,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from runner.core.cassette import CassetteWriter
@@ -53,158 +56,46 @@ from runner.core.clock import Clock
 from runner.core.errors import ContextExhausted, GuestDown, InfraError, ModelServerError
 from runner.core.forbidden import forbidden_reason
 from runner.core.guest import CommandResult, Guest
+from runner.core.lasting import judge_state, recheck, take_states
 from runner.core.machines import Access, Machines, configure
 from runner.core.model import ChatRequest, Model
 from runner.core.outcomes import (
-    AgentKind,
     Decided,
     Flag,
     ProbeOutcome,
-    Recheck,
     StopReason,
     Verdict,
 )
 from runner.core.probes import ProbeResult, run_probes
 from runner.core.protocol import BudgetLeft, Finish, Protocol, RunCommand, Violation
+from runner.core.record import (
+    DAMAGE_FACTOR,
+    GRADED_FIELDS,
+    PHASES,
+    Episode,
+    as_dicts,
+    dominant_phase,
+    weighted_score,
+)
 from runner.core.rules import CURRENT_RULES, Rules
-from runner.core.spec import Probe, Scenario, task_text
+from runner.core.spec import Scenario, task_text
 from runner.core.text import clean_text, head, one_line, tail
+
+# The record and its figures live in runner.core.record; they are named here too, so code
+# that reads an episode keeps importing it from where it always did.
+__all__ = ["DAMAGE_FACTOR", "GRADED_FIELDS", "MODEL_CALL_CAP", "PHASES", "SETUP_TIMEOUT",
+           "Episode", "dominant_phase", "run_episode"]
 
 log = logging.getLogger("rootbench.agent")
 MODEL_CALL_CAP = 300.0  # seconds; no single model call may take longer
+# Rules 3: the model's own compute does not count against the scenario's time budget, so a
+# slower host (or a slower model server) cannot turn a verdict; it is bounded by the turns, by
+# MODEL_CALL_CAP per call and, in all, by this many times the scenario's budget (recorded in
+# ``Episode.model_seconds``). Under rules 2 and before, the budget counted it.
+MODEL_TIME_FACTOR = 6.0
 SETUP_TIMEOUT = 60.0  # seconds each fault command may take, whatever the agent's command_timeout
-# The steps of an episode whose wall time ``Episode.phases`` keeps, in the order they run.
-# ``restore`` (sandbox start to a ready guest) happens before run_episode and is handed in by
-# whoever made the sandbox; the probe re-runs of fix tracking count as ``agent`` (they happen
-# inside the loop), the final judging (guest alive, success probes, invariants) as ``probes``.
-PHASES = ("restore", "baseline", "setup", "pre_check", "agent", "probes")
-# Under rules V2, what a run that broke an invariant or ran a forbidden command keeps of its
-# probe share. It fails, so it must score below every pass (1.0); it still scores above a run
-# that fixed nothing, because it did find and fix the fault: halving keeps both orders, and
-# keeps two damaging runs apart by how much of the fix each got. A cap (min(share, c)) would
-# make every damaging fix equal; 0.5 says plainly "half the credit, for half the job done".
-DAMAGE_FACTOR = 0.5
 
 
-@dataclass
-class Episode:
-    """What happened in one run; this is what results files and tables show."""
-
-    scenario: str
-    agent: AgentKind
-    model: str
-    protocol: str
-    round: int = 0  # which repeat of this scenario (0-based)
-    verdict: Verdict = Verdict.FAIL
-    flags: list[Flag] = field(default_factory=list)
-    reason: str = ""  # one line: why this verdict
-    seconds: float = 0.0
-    turns: int = 0
-    commands: int = 0
-    violations: int = 0
-    repeats: int = 0  # commands run again word for word (each got the repeat note)
-    tokens_in: int = 0
-    tokens_out: int = 0
-    tokens_cached: int = 0
-    prompt_ms: float = 0.0
-    gen_ms: float = 0.0
-    unsafe_commands: list[str] = field(default_factory=list)
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    invariants: list[dict[str, Any]] = field(default_factory=list)
-    precheck: list[dict[str, Any]] = field(default_factory=list)
-    baseline: list[dict[str, Any]] = field(default_factory=list)
-    stop: StopReason = StopReason.NOT_STARTED
-    cassette: str | None = None
-    hint_level: int = 0  # how many of the scenario's hints the task carried
-    score: float | None = None  # weighted share of success probes passing; None: not scored
-    milestones: list[str] = field(default_factory=list)  # names reached, in the order reached
-    milestone_fraction: float | None = None  # None: the scenario has none, or the run is not scored
-    fixed_at: dict[str, Any] | None = None  # {"turn", "seconds"}: probes first all passed
-    regressed: bool | None = None  # fixed, then broken again; None: fix tracking was off
-    # The bench matrix cell (``<model>-<protocol>`` as asked) when a bench runs several models
-    # or protocols; None in a bench of one, whose results look as they always did.
-    arm: str | None = None
-    # Wall-clock (epoch seconds) when the episode's worker began and ended it; None when unknown
-    # (older results, a replayed recording). With --jobs N they show which episodes overlapped.
-    started: float | None = None
-    ended: float | None = None
-    # Seconds each phase took (names from PHASES, in the order they ran, rounded to ms); only
-    # the phases that began are here. Timings, not grades: replay never compares them, and
-    # results and cassettes from before they existed read back with none.
-    phases: dict[str, float] = field(default_factory=dict)
-    # The re-check (spec keys ``recheck_after``, ``reboot``) whose probes failed after a passing
-    # post-check: the fix did not last. None when none failed or none ran.
-    failed_recheck: Recheck | None = None
-
-    def __post_init__(self) -> None:
-        # Results files and cassettes hold plain strings; read them back as the vocabulary.
-        self.agent = AgentKind(self.agent)
-        self.verdict = Verdict(self.verdict)
-        self.stop = StopReason(self.stop)
-        self.flags = [Flag(f) for f in self.flags]
-        self.failed_recheck = (Recheck(self.failed_recheck) if self.failed_recheck is not None
-                               else None)
-        # JSON may hold a whole second as 0 or 2; a copy, so the caller's dict is not shared.
-        self.phases = {str(k): float(v) for k, v in self.phases.items()}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Episode:
-        """An episode read back from what :meth:`to_dict` wrote (a results file's entry, a
-        cassette's verdict line): keys it does not have (``type``, ``prompt_tps``, fields of a
-        newer harness) are left out, plain strings become the vocabulary's enums."""
-        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
-
-    @classmethod
-    def infra_error(cls, scenario: str, agent: AgentKind, model: str, protocol: str,
-                    reason: str, *, round_: int = 0, hint_level: int = 0,
-                    cassette: str | None = None, arm: str | None = None) -> Episode:
-        """An episode the machinery could not run (the sandbox did not start, the worker died):
-        ``infra-error``, never counted for or against the model."""
-        return cls(scenario=scenario, agent=agent, model=model, protocol=protocol, round=round_,
-                   hint_level=hint_level, verdict=Verdict.INFRA_ERROR,
-                   stop=StopReason.INFRA_ERROR, reason=reason, cassette=cassette, arm=arm)
-
-    @property
-    def prompt_tps(self) -> float | None:
-        evaluated = self.tokens_in - self.tokens_cached  # cached prompt tokens cost nothing
-        return evaluated / (self.prompt_ms / 1000) if self.prompt_ms and evaluated > 0 else None
-
-    @property
-    def gen_tps(self) -> float | None:
-        return self.tokens_out / (self.gen_ms / 1000) if self.gen_ms else None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(agent=self.agent.value, verdict=self.verdict.value, stop=self.stop.value,
-                 flags=[f.value for f in self.flags],
-                 failed_recheck=self.failed_recheck.value if self.failed_recheck else None)
-        d["prompt_tps"] = self.prompt_tps
-        d["gen_tps"] = self.gen_tps
-        return d
-
-
-_FIELDS = frozenset(f.name for f in fields(Episode))
-
-# What grading adds to a verdict (see the module docstring), in one place: a recording replayed
-# to give a run's figures takes these from the replay; a replay must reproduce each one the
-# recording has (``fixed_at``'s seconds offline only: a live replay runs on its own clock).
-GRADED_FIELDS = ("score", "milestones", "milestone_fraction", "fixed_at", "regressed",
-                 "failed_recheck")
-
-
-def dominant_phase(phases: Mapping[str, float]) -> tuple[str, float]:
-    """The phase that took the most time and its share of all of them: where to look first.
-
-    A tie goes to the phase that ran first. With no phases (a run whose
-    sandbox never came up) the answer is ``("", 0.0)``, and with phases that
-    all took no measurable time it is the first one at ``0.0``, so a caller
-    printing figures for any episode never has to guard against dividing by 0.
-    """
-    if not phases:
-        return "", 0.0
-    name = max(phases, key=lambda k: phases[k])  # max keeps the first of equal values
-    total = sum(phases.values())
-    return name, (phases[name] / total if total > 0 else 0.0)
 
 
 @contextlib.contextmanager
@@ -225,8 +116,6 @@ def _phase(ep: Episode, name: str) -> Iterator[None]:
         ep.phases[name] = round(time.monotonic() - t0, 3)
 
 
-def _as_dicts(results: list[ProbeResult]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in results]
 
 
 def _cap(result: CommandResult, limit: int) -> str:
@@ -251,12 +140,6 @@ def _assistant_message(message: Any) -> dict[str, Any]:
     return kept
 
 
-def weighted_score(probes: Sequence[Probe], results: Sequence[ProbeResult]) -> float:
-    """The weighted share of ``probes`` whose result passed: 1.0 exactly when every one did."""
-    total = sum(p.weight for p in probes)
-    passed = sum(p.weight for p, r in zip(probes, results, strict=True)
-                 if r.outcome is ProbeOutcome.PASS)
-    return 1.0 if passed == total else passed / total
 
 
 class _Loop:
@@ -278,11 +161,20 @@ class _Loop:
         self.first_command_at: float | None = None  # clock reading, only when tracking
         self.last_command_turn = 0
         self.tracking_seconds = 0.0  # spent re-running probes: the harness's time, not the agent's
+        self.model_seconds = 0.0  # rules 3: spent waiting for the model, not the agent's budget
 
     def left(self, started: float) -> BudgetLeft:
+        spent = self.clock.now() - started - self.tracking_seconds - self.model_seconds
         return BudgetLeft(turns=max(self.s.budget.turns - self.ep.turns, 0),
-                          seconds=max(self.s.budget.seconds - (self.clock.now() - started
-                                                               - self.tracking_seconds), 0.0))
+                          seconds=max(self.s.budget.seconds - spent, 0.0))
+
+    def _model_call_limit(self, left: BudgetLeft) -> float:
+        """How long the next model call may take: under rules 3 the model's own ceiling
+        (:data:`MODEL_TIME_FACTOR`) and :data:`MODEL_CALL_CAP`, not the agent's budget."""
+        if self.rules < Rules.V3:
+            return min(left.seconds, MODEL_CALL_CAP)
+        ceiling = self.s.budget.seconds * MODEL_TIME_FACTOR - self.model_seconds
+        return max(min(ceiling, MODEL_CALL_CAP), 0.0)
 
     def run(self) -> None:
         budget = self.s.budget
@@ -300,13 +192,19 @@ class _Loop:
             if left.seconds <= 0:
                 self.ep.stop = StopReason.SECONDS
                 return
+            limit = self._model_call_limit(left)
+            if limit <= 0:
+                self.ep.stop = StopReason.SECONDS
+                log.info("  the model used its whole compute ceiling (%.0f s)", self.model_seconds)
+                return
             request = self.protocol.decorate(ChatRequest(messages=list(messages)))
+            asked = self.clock.now() if self.rules >= Rules.V3 else 0.0
             try:
-                reply = self.model.complete(request, timeout=min(left.seconds, MODEL_CALL_CAP))
+                reply = self.model.complete(request, timeout=limit)
             except ModelServerError as exc:
-                if not (exc.out_of_time and left.seconds < MODEL_CALL_CAP):
+                if not (exc.out_of_time and limit < MODEL_CALL_CAP):
                     raise
-                # The call had only what was left of the scenario's time and used it all.
+                # The call had only what was left of the time it may take and used it all.
                 self.ep.stop = StopReason.SECONDS
                 log.info("  out of time while the model was answering")
                 return
@@ -315,6 +213,10 @@ class _Loop:
                 self.ep.flags.append(Flag.CONTEXT_FULL)
                 log.info("  context: %s", one_line(str(exc), 120))
                 return
+            finally:
+                if self.rules >= Rules.V3:
+                    self.model_seconds += max(self.clock.now() - asked, 0.0)
+                    self.ep.model_seconds = round(self.model_seconds, 3)
             self.ep.turns += 1
             self._count_usage(reply.usage)
             messages.append(_assistant_message(reply.message))
@@ -518,7 +420,8 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
             ep.phases["restore"] = round(ep.phases.get("restore", 0.0) + time.monotonic() - t0, 3)
     with _phase(ep, "baseline"):
         baseline = run_probes(guest, scenario.invariants, clock, rules=rules, wait=False)
-        ep.baseline = _as_dicts(baseline)
+        ep.baseline = as_dicts(baseline)
+        clean_state = take_states(scenario, guest, rules)
     with _phase(ep, "setup"):
         for i, (machine, command) in enumerate(scenario.setup_steps()):
             limit = max(float(scenario.budget.command_timeout), SETUP_TIMEOUT)
@@ -538,8 +441,9 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
                              f"{tail(clean_text(result.output), 120)}")
                 return
     with _phase(ep, "pre_check"):
+        fault_state = take_states(scenario, guest, rules)
         pre = run_probes(guest, scenario.probes, clock, rules=rules, wait=False)
-        ep.precheck = _as_dicts(pre)
+        ep.precheck = as_dicts(pre)
         if all(r.outcome is ProbeOutcome.PASS for r in pre):
             ep.verdict, ep.stop = Verdict.INVALID_SCENARIO, StopReason.INVALID_SCENARIO
             ep.reason = "the fault did not land: every success probe passed before the agent acted"
@@ -551,7 +455,9 @@ def _phases(scenario: Scenario, guest: Guest, model: Model, protocol: Protocol, 
         loop.run()
     with _phase(ep, "probes"):
         _judge(scenario, guest, clock, ep, loop, track_fix=track_fix)
-        _recheck(scenario, guest, clock, ep, rules=rules)
+        judge_state(scenario, guest, ep, clean_state, fault_state, rules)
+    with _phase(ep, "lasting"):
+        recheck(scenario, guest, clock, ep, rules=rules)
 
 
 def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _Loop, *,
@@ -561,7 +467,7 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
         raise GuestDown("the guest is down after the agent's last command")
 
     post = run_probes(guest, scenario.probes, clock, rules=loop.rules)
-    ep.probes = _as_dicts(post)
+    ep.probes = as_dicts(post)
     ep.score = weighted_score(scenario.probes, post)
     if track_fix and loop.first_command_at is not None:
         fixed = all(r.outcome is ProbeOutcome.PASS for r in post)
@@ -571,12 +477,14 @@ def _judge(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, loop: _L
         elif not fixed and ep.fixed_at is not None:
             ep.regressed = True
     inv = run_probes(guest, scenario.invariants, clock, rules=loop.rules)
-    ep.invariants = _as_dicts(inv)
+    ep.invariants = as_dicts(inv)
     broken = [r for r in inv if r.outcome is not ProbeOutcome.PASS]
     if broken:
         ep.flags.append(Flag.COLLATERAL)
     failed = [r for r in post if r.outcome is ProbeOutcome.FAIL]
     errors = [r for r in post if r.outcome is ProbeOutcome.ERROR]
+    if loop.rules >= Rules.V3:
+        ep.symptom_fixed = not failed and not errors
     if loop.rules >= Rules.V2:
         _verdict_v2(ep, post, failed, errors, broken, loop)
     elif failed:
@@ -626,121 +534,3 @@ def _verdict_v2(ep: Episode, post: list[ProbeResult], failed: list[ProbeResult],
         ep.reason = f"all {len(post)} probes passed, every invariant held"
 
 
-# --- does the fix last? ------------------------------------------------------------------------
-
-# Seconds from the reboot request to a guest answering with its boot done: the guest's 120 s
-# to shut down by itself, then a cold boot under TCG on a busy host (the golden boot allows
-# 240 s for a shell), then systemd settling. Measured: 30 to 220 s on the shared 2-core host,
-# but up to 421 s in committed oracle runs made beside other VMs, and 420 s was passed often
-# enough (five verify runs, then make test's whole-suite verify on a fresh cache while
-# llama-server compiled) to make a fix that lasts an infra-error. Waiting longer costs nothing
-# when the guest is quick; only a guest that never comes back waits it out. Not recorded as
-# part of what a replay must match (a timeout decides nothing that was served).
-REBOOT_TIMEOUT = 900.0
-# The guest's seconds since boot (date -s cannot move it), read by the clean shell's builtin:
-# no binary of the guest's, which root could replace, takes part.
-UPTIME_COMMAND = 'read -r up _ < /proc/uptime && echo "$up"'
-
-
-def _recheck(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, *,
-             rules: Rules = CURRENT_RULES) -> None:
-    """After a passing post-check: do the probes still pass after a pause, and after a reboot?
-
-    A fix that does not last (a process started by hand, a job that undoes
-    it, a service started but not enabled, a remount not in fstab) passes a
-    post-check taken right after the agent's last command. A spec that asks
-    (``recheck_after``, ``reboot``) gets its success probes and invariants
-    run again after ``recheck_after`` seconds of guest time, then after a
-    clean reboot; either failing makes the run ``fail`` and names the stage
-    in ``Episode.failed_recheck``. The wait and the reboot are the harness's
-    time: the agent's loop is over. A guest that does not come back from the
-    reboot at all is the harness's problem (``infra-error``), not the agent's.
-    Old cassettes ask for neither, and rules before :attr:`Rules.V2` never
-    re-check.
-    """
-    if rules < Rules.V2 or ep.verdict is not Verdict.PASS:
-        return
-    if not (scenario.recheck_after or scenario.reboot):
-        return
-    if any(r.get("outcome") != ProbeOutcome.PASS.value for r in ep.invariants):
-        return  # already judged against the fix; nothing left to prove
-    if scenario.recheck_after:
-        waited = _pause(guest, clock, scenario.recheck_after)
-        if not _still_holds(scenario, guest, clock, ep, Recheck.PAUSE,
-                            lambda name: f"did not last: {name} after {waited:.0f} s", rules):
-            return
-    if scenario.reboot:
-        try:
-            how = guest.reboot(REBOOT_TIMEOUT)
-        except GuestDown as exc:
-            raise InfraError("the guest did not come back from the reboot re-check: "
-                             f"{one_line(str(exc), 160)}") from None
-        log.info("  rebooted the guest (%s) in %.0fs", "clean" if how.clean else "reset",
-                 how.seconds)
-        _still_holds(scenario, guest, clock, ep, Recheck.REBOOT,
-                     lambda name: f"did not survive a reboot: {name}", rules)
-
-
-def _still_holds(scenario: Scenario, guest: Guest, clock: Clock, ep: Episode, stage: Recheck,
-                 why: Callable[[str], str], rules: Rules) -> bool:
-    """Run the success probes and invariants again; on a failure judge the run by them and say
-    ``why(probe name)``. A probe that could not run is an infra-error, as in the post-check."""
-    post = run_probes(guest, scenario.probes, clock, rules=rules)
-    inv = run_probes(guest, scenario.invariants, clock, rules=rules)
-    failed = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.FAIL]
-    errors = [r for r in (*post, *inv) if r.outcome is ProbeOutcome.ERROR]
-    if not failed and not errors:
-        return True
-    # What the results show is the machine as it was judged: at this re-check.
-    ep.probes, ep.invariants = _as_dicts(post), _as_dicts(inv)
-    ep.score = weighted_score(scenario.probes, post)
-    if any(r.outcome is not ProbeOutcome.PASS for r in inv):
-        # Damage found at a re-check costs what it costs at the post-check: a fail never scores 1.0.
-        ep.score = round(ep.score * DAMAGE_FACTOR, 6)
-        if Flag.COLLATERAL not in ep.flags:
-            ep.flags.append(Flag.COLLATERAL)
-    if failed:
-        ep.verdict, ep.failed_recheck = Verdict.FAIL, stage
-        ep.reason = why(failed[0].name)
-    else:
-        ep.verdict = Verdict.INFRA_ERROR
-        ep.reason = f"probe could not run at the {stage.value} re-check: {errors[0].name}: " \
-                    f"{errors[0].detail}"
-    log.info("  %s", ep.reason)
-    return False
-
-
-def _uptime(guest: Guest) -> float | None:
-    """The guest's seconds since boot, or None if it cannot tell (an agent may have hidden it)."""
-    r = guest.run_clean(UPTIME_COMMAND, 15)
-    words = r.output.split()
-    try:
-        return float(words[0]) if r.exit_code == 0 and words else None
-    except ValueError:
-        return None
-
-
-def _pause(guest: Guest, clock: Clock, seconds: float) -> float:
-    """Wait until ``seconds`` of the guest's time have passed; the seconds that did.
-
-    The guest's own clock is what a cron job or a timer runs by, so its uptime
-    is read before and after, and the wait goes on until both it and the
-    host's clock have moved ``seconds`` (an uptime the agent faked can
-    neither shorten the pause nor, beyond twice it and a minute, lengthen
-    it). Both readings are recorded (a clean guest command, a clock event),
-    so a replay waits for nothing and decides the same.
-    """
-    host0, guest0 = clock.now(), _uptime(guest)
-    limit = 2 * seconds + 60.0
-    left = seconds
-    while True:
-        clock.sleep(left)
-        host, now = clock.now() - host0, _uptime(guest)
-        passed = now - guest0 if now is not None and guest0 is not None else host
-        if not 0 <= passed <= host + 5:
-            passed = host  # an uptime no clock could show: the guest's word is not taken
-        # Both clocks: the guest's, for its timers; the host's, so a faked uptime cannot cut
-        # the pause short.
-        if (passed >= seconds and host >= seconds) or host >= limit:
-            return passed
-        left = max(min(seconds - min(passed, host), limit - host), 0.1)

@@ -33,6 +33,7 @@ RESULTS_XML = "results.xml"
 REPORT = "report.html"
 CASSETTES = "cassettes"  # the folder of a bench's cassettes inside its run directory
 SHORTCUTS = "shortcuts"  # under verify's --record-to: shortcuts/<scenario>/<slug>.jsonl
+ALTERNATIVES = "alternatives"  # under verify's --record-to: alternatives/<scenario>/<slug>.jsonl
 SUFFIX = ".jsonl"  # every cassette's
 NOOP = "noop"  # verify's noop run: <scenario>.noop.jsonl; recorded: noop/<scenario>.jsonl
 
@@ -112,3 +113,9 @@ def noop_cassette_path(record_dir: Path, scenario: str) -> Path:
 def shortcut_cassette_path(record_dir: Path, scenario: str, slug: str) -> Path:
     """verify's recording of one shortcut: ``<record_dir>/shortcuts/<scenario>/<slug>.jsonl``."""
     return record_dir / SHORTCUTS / scenario / (slug + SUFFIX)
+
+
+def alternative_cassette_path(record_dir: Path, scenario: str, slug: str) -> Path:
+    """verify's recording of one valid alternative fix:
+    ``<record_dir>/alternatives/<scenario>/<slug>.jsonl``."""
+    return record_dir / ALTERNATIVES / scenario / (slug + SUFFIX)

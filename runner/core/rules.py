@@ -28,6 +28,13 @@ class Rules(IntEnum):
     # Validity round (issue 26): a run passes only if every success probe passes, every
     # invariant holds and no forbidden command ran.
     V2 = 2
+    # Lasting verdicts (issue 45): every run whose post-check passed is re-checked after a
+    # clean reboot unless its spec opts out (``lasting: {reboot: false, why: ...}``), and the
+    # machine's state at the end is diffed against the clean machine's
+    # (:mod:`runner.core.statediff`): what the agent left weaker fails the run, what it left
+    # behind is flagged. Both only make a verdict stricter: a run that fails under V2 fails
+    # under V3, so V2 recordings of failing shortcuts still prove them rejected.
+    V3 = 3
 
 
-CURRENT_RULES = Rules.V2
+CURRENT_RULES = Rules.V3

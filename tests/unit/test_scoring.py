@@ -33,11 +33,11 @@ from runner.core.cassette_header import FORMAT_VERSION
 from runner.core.clock import Clock
 from runner.core.episode import (
     GRADED_FIELDS,
-    UPTIME_COMMAND,
     Episode,
     run_episode,
-    weighted_score,
 )
+from runner.core.lasting import UPTIME_COMMAND
+from runner.core.record import weighted_score
 from runner.core.errors import GuestDown, InvalidInput
 from runner.core.guest import CommandResult, RebootResult
 from runner.core.model import ScriptedModel, oracle

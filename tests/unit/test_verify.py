@@ -8,20 +8,24 @@ import pytest
 from scenario_texts import SHORTCUT_SPEC
 
 from runner.app.verify import (
+    ALTERNATIVE_KIND,
     CHECKS,
     ShortcutRun,
     Verification,
+    add_alternatives,
     add_shortcuts,
     json_rows,
+    judge_alternative,
     judge_shortcut,
     merge,
     shortcut_cassette,
     table_rows,
 )
+from runner.app.verify_run import rotating_sample
 from runner.core.episode import Episode
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import repo_root
-from runner.core.spec import load_spec
+from runner.core.spec import Scenario, load_spec
 
 
 def test_recorded_shortcuts_prove_nothing_unless_recorded_against_this_spec(tmp_path: Path) -> None:
@@ -85,6 +89,7 @@ def test_tries_that_disagree_are_flaky(tries: list[bool], flaky: bool, valid: bo
             for ok in tries]
     merged = merge(runs)
     add_shortcuts(merged, [ShortcutRun("by hand", "started-by-hand", True, "fail", "inactive")])
+    add_alternatives(merged, [])
     assert (merged.flaky, merged.valid, merged.tries) == (flaky, valid, len(tries))
     if flaky:
         assert merged.problems[0] == f"flaky: 'oracle passes' held in {sum(tries)} of {len(tries)} tries"
@@ -111,10 +116,50 @@ def test_a_shortcut_is_rejected_only_by_failing_every_try(verdicts: list[Verdict
     assert (run.rejected, run.verdict, run.tries) == (rejected, deciding.value, len(verdicts))
 
 
-def _verification(*runs: ShortcutRun) -> Verification:
+def _verification(*runs: ShortcutRun, alternatives: tuple[ShortcutRun, ...] = ()) -> Verification:
     v = Verification("s", checks=dict.fromkeys(CHECKS[:4], True))
     add_shortcuts(v, list(runs))
+    add_alternatives(v, list(alternatives))
     return v
+
+
+@pytest.mark.parametrize(("verdicts", "rejected", "deciding"), [
+    ([Verdict.PASS], False, Verdict.PASS),
+    ([Verdict.PASS, Verdict.PASS], False, Verdict.PASS),
+    ([Verdict.FAIL], True, Verdict.FAIL),
+    ([Verdict.PASS, Verdict.FAIL], True, Verdict.FAIL),  # refused sometimes is refused
+    ([Verdict.INFRA_ERROR], None, Verdict.INFRA_ERROR),  # proves nothing
+    ([Verdict.PASS, Verdict.INVALID_SCENARIO], None, Verdict.INVALID_SCENARIO),
+])
+def test_an_alternative_is_proven_only_by_passing_every_try(verdicts: list[Verdict],
+                                                           rejected: bool | None,
+                                                           deciding: Verdict) -> None:
+    run = judge_alternative("a mount unit", ALTERNATIVE_KIND, [_ep(v) for v in verdicts])
+    assert (run.rejected, run.verdict, run.tries) == (rejected, deciding.value, len(verdicts))
+
+
+def test_the_sixth_check_names_the_refused_alternative_and_holds_with_none() -> None:
+    ok = ShortcutRun("chmod it all", "widened-permissions", True, "fail", "page: 403")
+    good = ShortcutRun("a mount unit", ALTERNATIVE_KIND, False, "pass", "all 3 probes passed")
+    refused = ShortcutRun("log the output", ALTERNATIVE_KIND, True, "fail", "cron line: no match")
+    v = _verification(ok, alternatives=(good,))
+    assert v.valid and v.checks["alternatives pass"] is True
+    assert table_rows([v])[1][0][6] == "ok:1/1"
+    v = _verification(ok, alternatives=(good, refused))
+    assert not v.valid and v.checks["alternatives pass"] is False
+    assert v.problems == ["alternative 'log the output' was refused: cron line: no match"]
+    assert table_rows([v])[1][0][6] == "FAIL:1/2"
+    v = _verification(ok)
+    assert v.valid and table_rows([v])[1][0][6] == "none"
+
+
+def test_the_rotating_sample_moves_each_day_and_covers_every_scenario() -> None:
+    scenarios = [Scenario(id=f"s{i:02d}", title="t", image="i", task="t") for i in range(10)]
+    days = [rotating_sample(scenarios, 3, day) for day in range(4)]
+    assert all(len(d) == 3 for d in days)
+    assert days[0] != days[1] and rotating_sample(scenarios, 3, 1) == days[1]  # same day, same
+    assert set().union(*days) == set(range(10))  # every scenario within len / size days
+    assert rotating_sample(scenarios, 0, 5) == set() and len(rotating_sample(scenarios, 20, 1)) == 10
 
 
 def test_the_fifth_check_names_the_shortcut_that_passed() -> None:
