@@ -41,12 +41,14 @@ from runner.app.episodes import RunOptions
 from runner.app.mcp_server import JUDGE_WAIT, EpisodeRun
 from runner.app.runs import new_run_dir
 from runner.core.agent_api import BridgeModel, EpisodeOver
-from runner.core.errors import InvalidInput
+from runner.core.agent_input import MAX_COMMAND_CHARS, MAX_WRITE_FILE_BYTES
+from runner.core.errors import AgentInputError, InvalidInput
 from runner.core.outcomes import AgentKind
 from runner.core.paths import default_spec_dirs
 from runner.core.protocol import BASE_PROMPT
 from runner.core.selection import pick_ids
 from runner.core.spec import load_spec, load_specs, task_text
+from runner.core.text import one_line
 
 NAME = "rootbench"
 
@@ -59,18 +61,50 @@ class InspectBridge(BridgeModel):
 
 def _shell(cmd: list[str], input: str | bytes | None, cwd: str | None,
            env: dict[str, str] | None) -> str:
-    """Inspect's argv as one command for the agent's shell (``bash -c X`` is X itself)."""
+    r"""Inspect's argv as one command for the agent's shell (``bash -c X`` is X itself).
+
+    X may be a list of commands (``a && b``, ``a; b``): before an environment, an
+    input or a working directory is put around it, it is grouped in a subshell
+    (``( X\n)``; the newline ends a trailing comment), or the input would reach
+    only its first command and the rest would read the shell's /dev/null.
+    Parentheses, not braces: the forbidden-command check splits at them and so
+    still sees every command inside.
+    """
     if len(cmd) >= 3 and cmd[0] == "bash" and cmd[-2] == "-c" and set(cmd[1:-2]) <= {"--login"}:
-        command = cmd[-1]
+        command, grouped = cmd[-1], False
     else:
-        command = shlex.join(cmd)
+        command, grouped = shlex.join(cmd), True  # one simple command: nothing to group
     if env:
-        command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {command}"
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        command = f"{assignments} {command}" if grouped else f"(export {assignments}\n{command}\n)"
+        grouped = True
     if input is not None:
         data = input.encode() if isinstance(input, str) else input
-        command = f"printf %s {shlex.quote(base64.b64encode(data).decode())} | base64 -d | {command}"
+        body = command if grouped else f"({command}\n)"
+        command = f"printf %s {shlex.quote(base64.b64encode(data).decode())} | base64 -d | {body}"
+        grouped = True
     if cwd:
-        command = f"cd {shlex.quote(cwd)} && {command}"
+        command = f"cd {shlex.quote(cwd)} && " + (command if grouped else f"({command}\n)")
+    return command
+
+
+def _write_command(file: str, contents: str | bytes) -> str:
+    """The command that writes ``contents`` to ``file``: the file travels base64-encoded on the
+    command line, so it may hold at most :data:`~runner.core.agent_input.MAX_WRITE_FILE_BYTES`
+    bytes (a command is at most :data:`~runner.core.agent_input.MAX_COMMAND_CHARS` characters);
+    a larger one is an :class:`AgentInputError` naming the limit, before anything runs."""
+    data = contents.encode() if isinstance(contents, str) else contents
+    too_long = AgentInputError(
+        f"cannot write {one_line(file, 100)}: {len(data):,} bytes; rootbench's write_file takes "
+        f"at most {MAX_WRITE_FILE_BYTES:,} (the file travels base64-encoded in one command of "
+        f"at most {MAX_COMMAND_CHARS:,} characters): write it in parts")
+    if len(data) > MAX_WRITE_FILE_BYTES:
+        raise too_long
+    path = shlex.quote(file)
+    command = _shell(["bash", "-c", f"mkdir -p \"$(dirname {path})\" && cat > {path}"], data,
+                     None, None)
+    if len(command) > MAX_COMMAND_CHARS:  # a path of many quotes, quoted, is five times as long
+        raise too_long
     return command
 
 
@@ -111,19 +145,17 @@ class RootbenchSandbox(SandboxEnvironment):
             command = f"runuser -u {shlex.quote(user)} -- bash -c {shlex.quote(command)}"
         try:
             code, output = await anyio.to_thread.run_sync(
-                self.run.bridge.submit_run, command, float(timeout) if timeout else None,
-                abandon_on_cancel=True)
-        except EpisodeOver as exc:
+                self.run.bridge.submit_run, command, timeout or None, abandon_on_cancel=True)
+        except (EpisodeOver, AgentInputError) as exc:  # the solver is told, and goes on
             return ExecResult(False, 1, "", str(exc))
         if code is None:
             raise TimeoutError(f"the command timed out: {output[-200:]}")
         return ExecResult(code == 0, code, output, "")
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        data = contents.encode() if isinstance(contents, str) else contents
-        path = shlex.quote(file)
-        result = await self.exec(["bash", "-c", f"mkdir -p \"$(dirname {path})\" && "
-                                  f"base64 -d > {path}"], input=base64.b64encode(data))
+        """Write ``contents`` to ``file`` through the agent's shell (see :func:`_write_command`:
+        at most :data:`~runner.core.agent_input.MAX_WRITE_FILE_BYTES` bytes)."""
+        result = await self.exec(["bash", "-c", _write_command(file, contents)])
         if not result.success:
             raise PermissionError(f"cannot write {file}: {result.stdout or result.stderr}")
 
@@ -189,6 +221,15 @@ def verdict() -> Any:
 TASK = "rootbench" if get_installed_package_name(sys.modules[__name__]) else "runner/rootbench"
 
 
+def _whole_number(value: object, name: str, least: int) -> int:
+    """A ``-T`` value that must be a whole number: Inspect hands over whatever YAML made of the
+    text (``-T hints=abc`` is the string "abc"), so a wrong one is one line naming it, not a
+    TypeError from deep inside."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"-T {name}: a whole number from {least} up, not {value!r}")
+    return value
+
+
 @task(name=TASK)
 def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int = 0,
               epochs: int = 1, accel: str = "auto", runs_dir: str = "runs") -> Task:
@@ -198,6 +239,8 @@ def rootbench(scenarios: str | None = None, specs: str | None = None, hints: int
     spec folder (default: ``$ROOTBENCH_SPECS``, else the bundled scenarios); ``hints``: the first K
     hints appended to each task; ``epochs``: runs per scenario.
     """
+    hints = _whole_number(hints, "hints", 0)
+    epochs = _whole_number(epochs, "epochs", 1)
     folders = [Path(specs)] if specs else default_spec_dirs()
     found = load_specs(folders)
     if scenarios:
