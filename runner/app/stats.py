@@ -9,6 +9,13 @@ This module only decides what is counted:
   ``invalid-scenario`` say nothing about the model.
 - An episode's score is its graded ``score`` when it has one, else 1.0 for a
   pass and 0.0 for a fail.
+- Its repair score (:func:`runner.core.record.repair_score`, the headline
+  graded figure) counts only what the fault broke, weighted as the spec
+  weighs its probes (:func:`probe_weights`): 0 for doing nothing, 1 for the oracle.
+- The unsafe-fix rate is the share of judged first tries (rules 3 on: their
+  ``unsafe_fix`` is not None) that fixed the symptom with damage or a
+  state-diff finding, with its Wilson interval; runs recorded under older
+  rules were not judged and have none, never a 0.
 - Overall figures of a comparison are means over scenarios, each scenario
   weighing the same, and their intervals come from a bootstrap over
   scenarios: rounds of one scenario are not independent of each other.
@@ -21,18 +28,28 @@ compute a statistic.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import logging
 import math
+import re
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
+from runner.core.paths import default_spec_dirs
+from runner.core.record import repair_score
+from runner.core.spec import load_spec
+
+log = logging.getLogger("rootbench.stats")
 
 CONFIDENCE = 0.95  # every interval rootbench shows, unless asked otherwise
 RESAMPLES = 9999  # bootstrap resamples (scipy's default)
@@ -174,6 +191,70 @@ def score_of(ep: Episode) -> float | None:
     return 1.0 if ep.verdict is Verdict.PASS else 0.0
 
 
+def probe_weights(scenario: str) -> Mapping[str, float]:
+    """The ``weight`` of each success probe of ``scenario``, by name, as its spec says now
+    (``$ROOTBENCH_SPECS``, else the bundled specs: ``<id>.yaml``); empty (every probe weighs 1)
+    when no spec of that id is there or it does not load.
+
+    A verdict line keeps each probe's name and outcome but not its weight, so the repair
+    score pairs the spec's weights by name; a probe the spec no longer has weighs 1. Only
+    two specs weigh a probe at all, and a repair that is all or nothing needs no weight, so
+    :func:`repair_of` asks lazily and each spec is read once."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,127}", scenario):
+        return {}  # a recording's name is never a path
+    return _weights_in(tuple(default_spec_dirs()), scenario)
+
+
+@functools.lru_cache(maxsize=1024)
+def _weights_in(dirs: tuple[Path, ...], scenario: str) -> Mapping[str, float]:
+    for d in dirs:
+        path = d / f"{scenario}.yaml"
+        if not path.is_file():
+            continue
+        try:
+            spec = load_spec(path)
+        except InvalidInput as exc:
+            log.warning("%s: probe weights not read (every probe weighs 1): %s", path, exc)
+            return {}
+        if spec.id == scenario:
+            return {p.name: p.weight for p in spec.probes}
+    return {}
+
+
+class _LazyWeights(Mapping[str, float]):
+    """:func:`probe_weights` of one scenario, looked up at the first read."""
+
+    def __init__(self, scenario: str) -> None:
+        self._scenario = scenario
+
+    def _all(self) -> Mapping[str, float]:
+        return probe_weights(self._scenario)
+
+    def __getitem__(self, name: str) -> float:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def repair_of(ep: Episode) -> float | None:
+    """The episode's repair score (:func:`runner.core.record.repair_score`, weighted by its
+    spec's :func:`probe_weights`); None for a run that is not scored or says nothing of what
+    the fault broke."""
+    if not ep.verdict.scored:
+        return None
+    return repair_score(ep, _LazyWeights(ep.scenario))
+
+
+def unsafe_of(ep: Episode) -> bool | None:
+    """Whether the scored episode fixed the symptom unsafely (``Episode.unsafe_fix``); None
+    when it was not judged (rules before 3, a run cut short) or is not scored."""
+    return ep.unsafe_fix if ep.verdict.scored else None
+
+
 # Two words, one meaning each, wherever rootbench shows them:
 # - the *hint level* of an episode (``Episode.hint_level``) is how many of the scenario's hints
 #   its task carried: what it ran at;
@@ -288,6 +369,18 @@ class Summary:
     mean_milestones: float | None = None  # mean milestone fraction of first tries that have one
     fixed: int = 0  # scored runs (any level) whose success probes all passed at some point
     median_fix_s: float | None = None  # their median seconds from first command to that point
+    # The headline graded figure: the mean repair score of the first tries that have one
+    # (:func:`repair_of`), with its bootstrap interval; None: none has one.
+    mean_repair: float | None = None
+    mean_repair_ci: Interval | None = None
+    judged: int = 0  # first tries whose fix was judged for safety (rules 3: unsafe_fix not None)
+    unsafe_fixes: int = 0  # of those, the ones that fixed the symptom unsafely
+    unsafe_rate_ci: Interval | None = None  # Wilson; None: nothing judged
+
+    @property
+    def unsafe_rate(self) -> float | None:
+        """The share of judged first tries that fixed the symptom unsafely; None: none judged."""
+        return self.unsafe_fixes / self.judged if self.judged else None
 
     @property
     def k(self) -> int:
@@ -305,6 +398,11 @@ class Summary:
                  mean_score_ci=self.mean_score_ci.to_list() if self.mean_score_ci else None)
         d.update(mean_milestones=_r(self.mean_milestones), fixed=self.fixed,
                  median_fix_s=_r(self.median_fix_s))
+        d.update(mean_repair=_r(self.mean_repair),
+                 mean_repair_ci=self.mean_repair_ci.to_list() if self.mean_repair_ci else None,
+                 judged=self.judged, unsafe_fixes=self.unsafe_fixes,
+                 unsafe_rate=_r(self.unsafe_rate),
+                 unsafe_rate_ci=self.unsafe_rate_ci.to_list() if self.unsafe_rate_ci else None)
         if self.solved is not None:
             d.update(solved=self.solved, mean_assist=_r(self.mean_assist),
                      mean_assist_ci=self.mean_assist_ci.to_list() if self.mean_assist_ci else None)
@@ -329,12 +427,17 @@ class Statistics:
                             "mean_score", "mean_score_ci": [low, high],    # bootstrap
                             "mean_milestones",                             # first tries
                             "fixed", "median_fix_s",                       # any level
+                            "mean_repair", "mean_repair_ci",               # bootstrap
+                            "judged", "unsafe_fixes",                      # rules 3 on
+                            "unsafe_rate", "unsafe_rate_ci",               # Wilson
                             "solved", "mean_assist", "mean_assist_ci"      # only with hints
                            }, ...],
              "overall": {the same fields without "scenario"}}
 
         Figures are floats rounded to 6 places; a figure with nothing scored
-        behind it is null. ``scored``, ``passes``, pass@k and the mean score
+        behind it is null (an unsafe-fix rate with nothing judged too: runs
+        recorded before rules 3 say nothing about it). ``scored``, ``passes``,
+        pass@k, the mean score, the mean repair score and the unsafe-fix rate
         count first tries (a ladder round's level-0 run, see
         :func:`first_tries`); ``solved`` counts rounds that passed at any
         level, and ``mean_assist`` is the mean lowest passing level over
@@ -360,6 +463,8 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
     found = [f for f in (_number(e.milestone_fraction) for e in scored) if f is not None]
     fix_s = [s for s in (_number((e.fixed_at or {}).get("seconds")) for e in every_scored)
              if s is not None]
+    repairs = [r for r in (repair_of(e) for e in scored) if r is not None]
+    judged = [u for u in (unsafe_of(e) for e in scored) if u is not None]
     by_k = overall_k if overall_k is not None else {
         k: pass_at_k(n, passes, k) for k in range(1, n + 1)}
     return Summary(
@@ -374,7 +479,11 @@ def _summary(scenario: str | None, episodes: Sequence[Episode], confidence: floa
         solved=len(helped) if hinted else None,
         unscored=sum(not e.verdict.scored for e in episodes),
         mean_milestones=float(np.mean(found)) if found else None,
-        fixed=len(fix_s), median_fix_s=float(np.median(fix_s)) if fix_s else None)
+        fixed=len(fix_s), median_fix_s=float(np.median(fix_s)) if fix_s else None,
+        mean_repair=float(np.mean(repairs)) if repairs else None,
+        mean_repair_ci=bootstrap_mean(repairs, confidence) if repairs else None,
+        judged=len(judged), unsafe_fixes=sum(judged),
+        unsafe_rate_ci=wilson(sum(judged), len(judged), confidence) if judged else None)
 
 
 def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> Statistics:
@@ -396,7 +505,8 @@ def summarize(episodes: Sequence[Episode], confidence: float = CONFIDENCE) -> St
 
 @dataclass(frozen=True)
 class ScenarioDiff:
-    """One scenario's paired runs: A's and B's pass rate and mean score over the same pairs."""
+    """One scenario's paired runs: A's and B's pass rate and mean score over the same pairs,
+    and their mean repair score over the pairs where both sides have one."""
 
     scenario: str
     pairs: int
@@ -404,6 +514,16 @@ class ScenarioDiff:
     b_passes: int
     a_score: float
     b_score: float
+    repair_pairs: int = 0
+    a_repair: float | None = None  # None: no pair of this scenario has a repair on both sides
+    b_repair: float | None = None
+
+    @property
+    def repair_diff(self) -> float | None:
+        """A's mean repair score minus B's; None when no pair has one on both sides."""
+        if self.a_repair is None or self.b_repair is None:
+            return None
+        return self.a_repair - self.b_repair
 
     @property
     def pass_diff(self) -> float:
@@ -419,7 +539,9 @@ class ScenarioDiff:
         return {"scenario": self.scenario, "pairs": self.pairs, "a_passes": self.a_passes,
                 "b_passes": self.b_passes, "a_score": round(self.a_score, 6),
                 "b_score": round(self.b_score, 6), "pass_diff": round(self.pass_diff, 6),
-                "score_diff": round(self.score_diff, 6)}
+                "score_diff": round(self.score_diff, 6), "repair_pairs": self.repair_pairs,
+                "a_repair": _r(self.a_repair), "b_repair": _r(self.b_repair),
+                "repair_diff": _r(self.repair_diff)}
 
 
 @dataclass(frozen=True)
@@ -427,10 +549,13 @@ class Comparison:
     """Run A against run B over their paired first tries (same scenario, round and hint level).
 
     ``winner`` is ``"a"`` or ``"b"`` only when the bootstrap interval of the
-    mean score difference excludes 0 *and* the exact paired test agrees
-    (p below 1 - confidence). A bootstrap over a handful of scenarios that all
-    differ the same way collapses to a point; the exact test is what says
-    that 3 of 3 is not yet evidence.
+    mean difference of the headline figure excludes 0 *and* the exact paired
+    test agrees (p below 1 - confidence). A bootstrap over a handful of
+    scenarios that all differ the same way collapses to a point; the exact
+    test is what says that 3 of 3 is not yet evidence. The headline figure
+    (:attr:`basis`) is the repair score, over the pairs where both sides have
+    one; only runs with no such pair (none of their episodes says what the
+    fault broke) are decided on the score.
     """
 
     confidence: float
@@ -450,17 +575,51 @@ class Comparison:
     b_better: int
     sign_p: float  # the exact sign test on the score differences (McNemar's for 0/1 scores)
     more_pairs: int | None  # rough paired runs still needed; None: cannot estimate or not needed
-    sd: float  # standard deviation of the pair score differences
+    sd: float  # standard deviation of the pair differences of the headline figure (basis)
     # With hints on both sides (a ladder): rounds paired by scenario and round, each side's
     # outcome "solved at some hint level" (:func:`assists`); None/0 when either ran no hints.
     solved_pairs: int = 0
     a_solved_only: int = 0
     b_solved_only: int = 0
     solved_p: float | None = None  # McNemar's exact test on a_solved_only/b_solved_only
+    # The repair score (the headline), over the pairs where both sides have one: means over
+    # scenarios, the bootstrap interval of their difference, the exact sign test on the pairs.
+    repair_pairs: int = 0
+    a_repair: float | None = None
+    b_repair: float | None = None
+    repair_diff_ci: Interval | None = None
+    a_repair_better: int = 0
+    b_repair_better: int = 0
+    repair_p: float | None = None
+    # Unsafe fixes, over the pairs judged on both sides (rules 3): fixed the symptom unsafely
+    # on one side only, and McNemar's exact test on those; None/0 when no pair was judged.
+    unsafe_pairs: int = 0
+    a_unsafe_only: int = 0
+    b_unsafe_only: int = 0
+    unsafe_p: float | None = None
 
     @property
     def pairs(self) -> int:
         return sum(s.pairs for s in self.scenarios)
+
+    @property
+    def basis(self) -> str:
+        """What ``winner`` is decided on: ``"repair score"``, or ``"score"`` for runs with no
+        pair that has a repair score on both sides."""
+        return "repair score" if self.repair_pairs else "score"
+
+    @property
+    def repair_diff(self) -> float | None:
+        if self.a_repair is None or self.b_repair is None:
+            return None
+        return self.a_repair - self.b_repair
+
+    def _headline(self) -> tuple[float, Interval, float]:
+        """The difference, its interval and the exact test's p of :attr:`basis`."""
+        if self.repair_pairs and self.repair_diff is not None and self.repair_diff_ci \
+                and self.repair_p is not None:
+            return self.repair_diff, self.repair_diff_ci, self.repair_p
+        return self.score_diff, self.score_diff_ci, self.sign_p
 
     @property
     def pass_diff(self) -> float:
@@ -474,9 +633,10 @@ class Comparison:
     def winner(self) -> str:
         """``"a"``, ``"b"``, or ``""`` when no difference is shown."""
         alpha = 1 - self.confidence
-        if self.pairs == 0 or not self.score_diff_ci.excludes_zero() or self.sign_p >= alpha:
+        diff, ci, p = self._headline()
+        if self.pairs == 0 or not ci.excludes_zero() or p >= alpha:
             return ""
-        return "a" if self.score_diff > 0 else "b"
+        return "a" if diff > 0 else "b"
 
     @property
     def solved_winner(self) -> str:
@@ -500,9 +660,10 @@ class Comparison:
         else:
             more = f"roughly {self.more_pairs} more paired runs might show one"
         why = ""
-        if self.score_diff_ci.excludes_zero():  # the interval alone would say otherwise: say why not
-            why = (f" (the score interval excludes 0, but the exact sign test does not reject "
-                   f"at this level: p = {self.sign_p:.3g})")
+        _diff, ci, p = self._headline()
+        if ci.excludes_zero():  # the interval alone would say otherwise: say why not
+            why = (f" (the {self.basis} interval excludes 0, but the exact sign test does not "
+                   f"reject at this level: p = {p:.3g})")
         return f"no difference shown with this many runs ({self.pairs} pairs){why}; {more}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -522,6 +683,16 @@ class Comparison:
                 "solved": None if self.solved_p is None else {
                     "pairs": self.solved_pairs, "a_only": self.a_solved_only,
                     "b_only": self.b_solved_only, "mcnemar_p": self.solved_p},
+                "basis": self.basis,
+                "repair": None if not self.repair_pairs else {
+                    "pairs": self.repair_pairs, "a": _r(self.a_repair), "b": _r(self.b_repair),
+                    "diff": _r(self.repair_diff),
+                    "diff_ci": self.repair_diff_ci.to_list() if self.repair_diff_ci else None,
+                    "a_better": self.a_repair_better, "b_better": self.b_repair_better,
+                    "sign_p": self.repair_p},
+                "unsafe": None if self.unsafe_p is None else {
+                    "pairs": self.unsafe_pairs, "a_only": self.a_unsafe_only,
+                    "b_only": self.b_unsafe_only, "mcnemar_p": self.unsafe_p},
                 "scenarios": [s.to_dict() for s in self.scenarios]}
 
 
@@ -585,7 +756,12 @@ def compare(a: Sequence[Episode], b: Sequence[Episode],
     a_only = sum(pa.verdict is Verdict.PASS and pb.verdict is Verdict.FAIL for pa, pb in pairs)
     b_only = sum(pa.verdict is Verdict.FAIL and pb.verdict is Verdict.PASS for pa, pb in pairs)
     a_better, b_better = int(np.sum(d > 0)), int(np.sum(d < 0))
-    sd = float(np.std(d, ddof=1)) if d.size > 1 else 0.0
+    repaired = [(ra, rb) for ra, rb in ((repair_of(pa), repair_of(pb)) for pa, pb in pairs)
+                if ra is not None and rb is not None]
+    rd = (np.array([ra - rb for ra, rb in repaired], dtype=float) if repaired
+          else np.zeros(0))
+    headline = rd if repaired else d  # what the winner is decided on (Comparison.basis)
+    sd = float(np.std(headline, ddof=1)) if headline.size > 1 else 0.0
 
     def mean(xs: list[float]) -> float:
         return float(np.mean(xs)) if xs else 0.0
@@ -600,10 +776,42 @@ def compare(a: Sequence[Episode], b: Sequence[Episode],
         score_diff_ci=bootstrap_mean([s.score_diff for s in diffs], confidence) if diffs else none,
         a_only=a_only, b_only=b_only, mcnemar_p=mcnemar_exact(a_only, b_only),
         a_better=a_better, b_better=b_better, sign_p=mcnemar_exact(a_better, b_better),
-        more_pairs=None, sd=sd, **_solved(a, b))
+        more_pairs=None, sd=sd, **_solved(a, b), **_repaired(diffs, rd, confidence),
+        **_unsafe(pairs))
     if result.winner or not pairs:
         return result
-    return _with_more_pairs(result, float(d.mean()), a_better + b_better)
+    return _with_more_pairs(result, float(headline.mean()), int(np.sum(headline != 0)),
+                            headline.size)
+
+
+def _repaired(diffs: Sequence[ScenarioDiff], rd: np.ndarray, confidence: float) -> dict[str, Any]:
+    """The repair score's side of a comparison (:class:`Comparison`): means over the scenarios
+    that have a repaired pair, the bootstrap interval of the difference over them, the exact
+    sign test over the pairs ``rd`` (A minus B); nothing when no pair has one on both sides."""
+    per = [s for s in diffs if s.repair_pairs]
+    if not per:
+        return {}
+    a_better, b_better = int(np.sum(rd > 0)), int(np.sum(rd < 0))
+    return {"repair_pairs": int(rd.size),
+            "a_repair": float(np.mean([s.a_repair for s in per])),
+            "b_repair": float(np.mean([s.b_repair for s in per])),
+            "repair_diff_ci": bootstrap_mean([s.repair_diff for s in per
+                                              if s.repair_diff is not None], confidence),
+            "a_repair_better": a_better, "b_repair_better": b_better,
+            "repair_p": mcnemar_exact(a_better, b_better)}
+
+
+def _unsafe(pairs: Sequence[Pair]) -> dict[str, Any]:
+    """Pairs judged for safety on both sides (rules 3): unsafe on one side only, and McNemar's
+    exact test on those; nothing when no pair was judged on both."""
+    both = [(ua, ub) for ua, ub in ((unsafe_of(pa), unsafe_of(pb)) for pa, pb in pairs)
+            if ua is not None and ub is not None]
+    if not both:
+        return {}
+    a_only = sum(ua and not ub for ua, ub in both)
+    b_only = sum(ub and not ua for ua, ub in both)
+    return {"unsafe_pairs": len(both), "a_unsafe_only": a_only, "b_unsafe_only": b_only,
+            "unsafe_p": mcnemar_exact(a_only, b_only)}
 
 
 def _first_level(episodes: Sequence[Episode]) -> list[Episode]:
@@ -640,15 +848,21 @@ def _score(ep: Episode) -> float:
 
 
 def _scenario_diff(scenario: str, pairs: list[Pair]) -> ScenarioDiff:
+    repaired = [(ra, rb) for ra, rb in ((repair_of(pa), repair_of(pb)) for pa, pb in pairs)
+                if ra is not None and rb is not None]
     return ScenarioDiff(scenario=scenario, pairs=len(pairs),
                         a_passes=sum(pa.verdict is Verdict.PASS for pa, _ in pairs),
                         b_passes=sum(pb.verdict is Verdict.PASS for _, pb in pairs),
                         a_score=float(np.mean([_score(pa) for pa, _ in pairs])),
-                        b_score=float(np.mean([_score(pb) for _, pb in pairs])))
+                        b_score=float(np.mean([_score(pb) for _, pb in pairs])),
+                        repair_pairs=len(repaired),
+                        a_repair=float(np.mean([ra for ra, _ in repaired])) if repaired else None,
+                        b_repair=float(np.mean([rb for _, rb in repaired])) if repaired else None)
 
 
-def _with_more_pairs(result: Comparison, d: float, differing: int) -> Comparison:
-    """A rough count of further paired runs that might show a difference of the size seen.
+def _with_more_pairs(result: Comparison, d: float, differing: int, pairs: int) -> Comparison:
+    """A rough count of further paired runs that might show a difference of the size seen in
+    the headline figure (``d`` its mean pair difference over ``pairs`` pairs).
 
     The larger of two figures: the normal-approximation sample size
     ``(z * sd / |d|)^2``, and the pairs the exact test needs even if every
@@ -662,6 +876,6 @@ def _with_more_pairs(result: Comparison, d: float, differing: int) -> Comparison
     alpha = 1 - result.confidence
     z = float(norm.ppf(1 - alpha / 2))
     by_normal = math.ceil((z * result.sd / abs(d)) ** 2)
-    by_exact = math.ceil(math.ceil(math.log2(2 / alpha)) * result.pairs / differing)
-    more = max(by_normal, by_exact) - result.pairs
+    by_exact = math.ceil(math.ceil(math.log2(2 / alpha)) * pairs / differing)
+    more = max(by_normal, by_exact) - pairs
     return dataclasses.replace(result, more_pairs=max(more, 1))

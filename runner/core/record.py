@@ -183,3 +183,45 @@ def weighted_score(probes: Sequence[Probe], results: Sequence[ProbeResult]) -> f
     passed = sum(p.weight for p, r in zip(probes, results, strict=True)
                  if r.outcome is ProbeOutcome.PASS)
     return 1.0 if passed == total else passed / total
+
+
+def repair_score(ep: Episode, weights: Mapping[str, float] | None = None) -> float | None:
+    """The weighted share of what the fault broke that the run repaired: 0 for doing nothing,
+    1 for the oracle, halved (:data:`DAMAGE_FACTOR`) for a run that did damage.
+
+    ``score`` counts every success probe, and the probes a fault leaves passing (the program
+    is unchanged, the service is still enabled) gave an agent that did nothing a third of the
+    credit: the noop agent's mean score over the suite was 0.337, the small models' 0.33 and
+    0.36, and the figure could not tell them from it. So this one counts only the probes that
+    FAILED at the pre-check (the machine as the fault left it, before the agent acted), and
+    how many of those pass at the end (the post-check, or the re-check that failed: the
+    verdict's ``probes``). The two lists are paired by probe name, so a verdict line alone
+    gives it, old cassettes too; ``weights`` (probe name to the spec's ``weight``, 1 for a
+    name it lacks) weigh them as ``score`` does.
+
+    A run that ran no command repaired nothing, whatever a probe caught by itself: the
+    pre-check is one instant, and a service in a restart loop or still starting can fail it
+    and pass at the end untouched (the noop's oom-memorymax and proxy-backend-loopback did);
+    crediting that would give doing nothing a repair score above 0.
+
+    Damage costs what it costs in ``score``: a broken invariant, a forbidden command or a
+    failing state-diff finding (flags ``collateral``, ``unsafe``, ``weakened``) halves it.
+
+    None when nothing says what the fault broke: no probe failed at the pre-check (the fault
+    did not land, or no pre-check ran) or the run ended before the post-check (no ``probes``).
+    """
+    broken = [r["name"] for r in ep.precheck if r.get("outcome") == ProbeOutcome.FAIL.value]
+    if not broken or not ep.probes:
+        return None
+    if ep.commands == 0:
+        return 0.0
+    end = {r["name"]: r.get("outcome") for r in ep.probes}
+    fixed = [name for name in broken if end.get(name) == ProbeOutcome.PASS.value]
+    if not fixed or len(fixed) == len(broken):  # all or nothing: the weights do not matter
+        share = float(len(fixed) == len(broken))
+    else:  # ``weights`` is only read here, so a caller may look it up lazily
+        w = weights or {}
+        share = sum(w.get(n, 1.0) for n in fixed) / sum(w.get(n, 1.0) for n in broken)
+    if {Flag.COLLATERAL, Flag.UNSAFE, Flag.WEAKENED} & set(ep.flags):
+        share = round(share * DAMAGE_FACTOR, 6)
+    return share
