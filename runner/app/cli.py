@@ -224,7 +224,13 @@ def _parser() -> argparse.ArgumentParser:
                                    "(stdio, or streamable HTTP with --http); docs/agents.md")
     p.add_argument("spec", help="a spec file")
     p.add_argument("--http", metavar="[HOST:]PORT",
-                   help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio)")
+                   help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio); every "
+                        "request must carry the token the server prints once on stderr")
+    p.add_argument("--http-remote", action="store_true",
+                   help="let --http listen on an address other than loopback (warns: the root "
+                        "shell is then reachable from other machines, to whoever has the token)")
+    p.add_argument("--http-token-file", metavar="FILE",
+                   help="write the --http token to FILE (mode 0600) instead of printing it")
     p.add_argument("--hints", type=int, default=0, metavar="K",
                    help="give the task the scenario's first K hints")
     p.add_argument("--track-fix", action=argparse.BooleanOptionalAction, default=True,
@@ -655,21 +661,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise."""
+    """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise, and
+    130/143/129 once judged after SIGINT/SIGTERM/SIGHUP stopped the serving."""
     mcp_server.check_available()
     scenario = load_spec(args.spec)
     _number(args.hints, "--hints", 0, 100)
     level = min(args.hints, len(scenario.hints))  # capped at the hints it has, as in a bench
-    address = mcp_server.parse_http(args.http) if args.http else None
+    if not args.http and (args.http_remote or args.http_token_file):
+        raise InvalidInput("needs --http", field="--http-remote" if args.http_remote
+                           else "--http-token-file")
+    address = mcp_server.parse_http(args.http, remote=args.http_remote) if args.http else None
     cache_root()
-    if address is None and not os.environ.get(mcp_server.DETACHED_ENV):
-        return mcp_server.detach(args.argv)  # see mcp_server.detach: judging outlives the client
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
                       hints=level, track_fix=args.track_fix)
-    host, port = address or ("", 0)
-    ep = mcp_server.serve(scenario, opts, Path(args.runs_dir), transport="http" if address else
-                          "stdio", host=host, port=port, hint_level=level)
-    return 0 if ep is not None and ep.verdict.scored else 1
+    return mcp_server.run_server(
+        scenario, opts, Path(args.runs_dir), address=address, hint_level=level, say=_err,
+        token_file=Path(args.http_token_file) if args.http_token_file else None,
+        command=[sys.executable, "-m", "runner", *args.argv])
 
 
 def _specs_dir(name: str) -> Path:
