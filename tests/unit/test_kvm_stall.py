@@ -22,7 +22,8 @@ class _SilentVM:
     """What wait_for_shell reads of a Qemu: its accelerator, console socket and status."""
 
     def __init__(self, console: Path, accel: str) -> None:
-        self.accel, self.console_path, self.forwards = accel, console, {}
+        self.accel, self.console_path = accel, console
+        self.forwards: dict[int, int] = {}
 
     def status(self) -> str:
         return "running"
