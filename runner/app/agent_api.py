@@ -13,20 +13,36 @@ and are named by their entry-point name.
 Loading a file runs its top-level code, as ``python file.py`` would: the
 user asked for exactly that. What is guarded is the harness: any exception
 (or ``SystemExit``) while importing is reported as bad input, not a traceback.
+
+What the agent prints is not rootbench's output: while it is imported and
+while a bench of it runs (:func:`agent_output_to_stderr`, entered by the
+model provider), descriptor 1 is descriptor 2, so ``--format json`` stays one
+JSON document on stdout however the agent writes (``print``, ``os.write(1)``,
+a child process). And what the agent starts ends with its episode
+(:class:`PythonAgentModel`): a process it forks gets the default signal
+dispositions back (rootbench's SIGTERM handler would keep it alive) and dies
+with the agent's thread, and when the agent's part of the episode is over
+every child of that thread is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from runner.backends.process import die_with_parent
 from runner.core.agent_api import Agent, ThreadAgentModel
 from runner.core.errors import InvalidInput
 from runner.core.text import one_line
@@ -34,6 +50,7 @@ from runner.core.text import one_line
 GROUP = "rootbench.agents"  # the entry-point group installed agents register under
 BUILTIN = ("model", "oracle", "noop")  # the --agent values that are not a user's agent
 FIELD = "--agent"
+log = logging.getLogger("rootbench.agent")
 
 
 @dataclass(frozen=True)
@@ -120,7 +137,8 @@ def _import(ref: AgentRef) -> Any:
     where = ref.shown or ref.path or ref.module or "?"
     try:
         if ref.module is not None:
-            return importlib.import_module(ref.module)
+            with agent_output_to_stderr():
+                return importlib.import_module(ref.module)
         assert ref.path is not None
         name = f"rootbench_agent_{hashlib.sha256(ref.path.encode()).hexdigest()[:16]}"
         if name in sys.modules:
@@ -131,7 +149,8 @@ def _import(ref: AgentRef) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look the module up by name
         try:
-            spec.loader.exec_module(module)
+            with agent_output_to_stderr():  # its top-level prints are not our output
+                spec.loader.exec_module(module)
         except BaseException:
             sys.modules.pop(name, None)
             raise
@@ -166,6 +185,114 @@ def agent_name(ref: AgentRef) -> str:
     return ref.entry_point or ref.attr
 
 
-def python_agent(ref: AgentRef) -> ThreadAgentModel:
+@contextlib.contextmanager
+def agent_output_to_stderr() -> Iterator[None]:
+    """Within the block, ``sys.stdout`` is ``sys.stderr`` and descriptor 1 is descriptor 2:
+    whatever writes to stdout (``print``, ``os.write(1, ...)``, a child process started
+    meanwhile, which inherits the descriptor) reaches stderr.
+
+    Both, because an agent's children and C code write to the descriptor, and ``print`` writes
+    to ``sys.stdout`` wherever that points. rootbench's own stdout (the table, ``--format
+    json``) is written after the block, to the real stdout again. Nested blocks are fine;
+    without a descriptor 1 or 2 only ``sys.stdout`` is redirected.
+    """
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    saved: int | None = None
+    with contextlib.suppress(OSError):
+        saved = os.dup(1)
+        try:
+            os.dup2(2, 1)
+        except OSError:
+            os.close(saved)
+            saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()  # what the agent printed goes where it was sent: stderr
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+_ON_AGENT_THREAD = threading.local()  # .model: set on a Python agent's own thread
+
+
+def _forked_on_agent_thread() -> None:
+    """``os.register_at_fork`` (in the child): a process the agent forked gets SIGTERM, SIGINT
+    and SIGHUP back to their defaults (rootbench's handler, inherited, turned SIGTERM into an
+    exception its copy of the agent swallowed) and dies with the thread that forked it."""
+    if getattr(_ON_AGENT_THREAD, "model", None) is None:
+        return
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(s, signal.SIG_DFL)
+    die_with_parent()
+
+
+os.register_at_fork(after_in_child=_forked_on_agent_thread)
+
+
+def thread_children(tid: int) -> list[int]:
+    """The processes that thread ``tid`` of this process started (forked or spawned) and that
+    still run; empty when the thread is gone or the kernel does not say."""
+    try:
+        with open(f"/proc/self/task/{tid}/children", encoding="ascii") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def end_children(tid: int) -> list[int]:
+    """SIGKILL every child of thread ``tid`` (and the process group of one that leads its own),
+    reap them, and say which were ended."""
+    ended = thread_children(tid)
+    for pid in ended:
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid:  # it made a group of its own (setsid): all of it goes
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in ended:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # SIGKILL is not refused: this returns at once
+    return ended
+
+
+class PythonAgentModel(ThreadAgentModel):
+    """A Python agent's model (see :class:`~runner.core.agent_api.ThreadAgentModel`) whose
+    processes end with it: what its thread starts is killed when its part of the episode is
+    over, or when the thread returns."""
+
+    _RUNTIME = (*ThreadAgentModel._RUNTIME, "_tid")
+    _tid: int | None = None  # the agent thread's kernel id, once it runs
+
+    @contextlib.contextmanager
+    def _on_thread(self) -> Iterator[None]:
+        _ON_AGENT_THREAD.model = self
+        self._tid = threading.get_native_id()
+        try:
+            yield
+        finally:
+            self._end_children()
+
+    def agent_thread(self) -> contextlib.AbstractContextManager[None]:
+        return self._on_thread()
+
+    def agent_over(self) -> None:
+        self._end_children()
+
+    def _end_children(self) -> None:
+        if self._tid is not None and os.getpid() == self._pid:
+            ended = end_children(self._tid)
+            if ended:
+                log.info("ended %d process%s the agent %s started: %s", len(ended),
+                         "" if len(ended) == 1 else "es", self.name,
+                         " ".join(map(str, ended)))
+
+
+def python_agent(ref: AgentRef) -> PythonAgentModel:
     """The model for one episode: the agent class ``ref`` names, on its own thread."""
-    return ThreadAgentModel(ref, agent_name(ref), ref.identity())
+    return PythonAgentModel(ref, agent_name(ref), ref.identity())

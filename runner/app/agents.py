@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.app.agent_api import AgentRef, agent_name, python_agent
+from runner.app.agent_api import AgentRef, agent_name, agent_output_to_stderr, python_agent
 from runner.backends.llama import (
     DEFAULT_CTX_SIZE,
     DEFAULT_MODEL,
@@ -75,6 +75,10 @@ class ModelProvider:
         self._model: Model | None = None
 
     def __enter__(self) -> ModelProvider:
+        if self.choice.kind is AgentKind.PYTHON:
+            # The agent's prints (and its children's) are not rootbench's output: with
+            # --format json stdout must stay one JSON document, written after the bench.
+            self._stack.enter_context(agent_output_to_stderr())
         if self.choice.kind is not AgentKind.MODEL:
             return self
         c = self.choice

@@ -116,6 +116,7 @@ def run_one(scenario: Scenario, model: Model, protocol: Protocol, reason: str,
     a sandbox that never came up has no phases at all.
     """
     with CassetteWriter(cassette_path) as writer, contextlib.ExitStack() as stack:
+        stack.callback(model.close)  # the agent's side ends with the episode, whatever ends it
         try:
             box = stack.enter_context(machinery(
                 scenario, opts.accel, opts.transport,

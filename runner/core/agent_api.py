@@ -25,7 +25,9 @@ share it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import re
 import threading
@@ -177,8 +179,9 @@ class BridgeModel(Model):
 
     # An episode job is pickled to reach its worker (a child process, a Ray task): only what
     # identifies the agent travels; the queues and the lock are made afresh there.
-    _RUNTIME = ("_actions", "_outputs", "_lock", "_over", "_waiting", "_started", "_turn",
-                "_sent", "_budget", "_deadline", "thread")
+    _RUNTIME: tuple[str, ...] = ("_actions", "_outputs", "_lock", "_over", "_wound_up", "_pid",
+                                 "_waiting", "_started", "_turn", "_sent", "_budget", "_deadline",
+                                 "thread")
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
@@ -192,6 +195,8 @@ class BridgeModel(Model):
         self._outputs: queue.Queue[tuple[int | None, str] | EpisodeOver] = queue.Queue()
         self._lock = threading.Lock()
         self._over: str | None = None  # why the episode is over, once it is
+        self._wound_up = False  # agent_over() has been called
+        self._pid = os.getpid()  # the process the agent's shell belongs to
         self._waiting = False  # the agent is inside run(), waiting for its output
         self._started = False
         self._turn = 0
@@ -209,6 +214,7 @@ class BridgeModel(Model):
         a bad one raises :class:`AgentInputError` here, in the agent's thread,
         before the loop sees it, and the episode goes on.
         """
+        self._check_process()
         command = bounded_command(command)
         seconds = bounded_timeout(timeout)
         with self._lock:
@@ -240,6 +246,7 @@ class BridgeModel(Model):
     def submit_finish(self, summary: object = "") -> None:
         """End the episode with ``summary`` (bounded first: a bad one raises
         :class:`AgentInputError` and the episode goes on)."""
+        self._check_process()
         summary = bounded_summary(summary if isinstance(summary, str) else str(summary))
         with self._lock:
             self._check_open()
@@ -263,6 +270,13 @@ class BridgeModel(Model):
             left = max(self._deadline - time.monotonic(), 0.0)
             return Budget(self._budget.turns, min(self._budget.seconds, left))
 
+    def _check_process(self) -> None:
+        """Refuse at once a call from a process the agent forked: its copy of the bridge has no
+        loop behind it, so it would wait for an answer that never comes."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("the shell belongs to the agent's own process, not to a process "
+                               "it forked: nothing was run")
+
     def _check_open(self) -> None:
         if self._over is not None:
             raise EpisodeOver(f"the episode is over: {self._over}")
@@ -270,12 +284,21 @@ class BridgeModel(Model):
             raise EpisodeOver("the episode is over: the time budget is spent")
 
     def _end(self, why: str) -> None:
-        """Mark the episode over and wake an agent waiting in run()."""
+        """Mark the episode over, wake an agent waiting in run(), and (once) :meth:`agent_over`."""
         with self._lock:
-            if self._over is not None:
-                return
-            self._over = why
-        self._outputs.put(EpisodeOver(f"the episode is over: {why}"))
+            first = self._over is None
+            if first:
+                self._over = why
+            wind_up, self._wound_up = not self._wound_up, True
+        if first:
+            self._outputs.put(EpisodeOver(f"the episode is over: {why}"))
+        if wind_up:
+            self.agent_over()
+
+    def agent_over(self) -> None:
+        """Called once, when the agent's part of the episode is over (it finished, the budget
+        ended it, it went away, or the episode closed): a subclass ends what the agent
+        started. Nothing here."""
 
     @property
     def over(self) -> str | None:
@@ -361,7 +384,16 @@ class ThreadAgentModel(BridgeModel):
                                        name=f"agent-{self.name}")
         self.thread.start()
 
+    def agent_thread(self) -> contextlib.AbstractContextManager[None]:
+        """What the agent's whole run on its thread is wrapped in: a subclass ends what the
+        agent started when it returns. Nothing here."""
+        return contextlib.nullcontext()
+
     def _main(self, task: str) -> None:
+        with self.agent_thread():
+            self._solve(task)
+
+    def _solve(self, task: str) -> None:
         shell = Shell(self)
         try:
             agent = self._factory()()

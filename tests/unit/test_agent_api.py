@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import re
+import select
+import signal
+import subprocess
 import textwrap
 import threading
 import time
@@ -23,9 +27,11 @@ import pytest
 from conftest import Cli
 from flag_guest import FlagGuest
 
-from runner.app.agent_api import AgentRef, python_agent, resolve
+from runner.app.agent_api import AgentRef, PythonAgentModel, python_agent, resolve
+from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.episodes import RunOptions, header
 from runner.app.replay import replay_one
+from runner.app.signals import signals_raise
 from runner.core.agent_api import EpisodeOver, Shell, ThreadAgentModel, parse_observation
 from runner.core.agent_input import (
     MAX_COMMAND_CHARS,
@@ -74,10 +80,12 @@ def _scenario(tmp_path: Path, **budget: Any) -> Scenario:
 
 
 def _episode(tmp_path: Path, agent: type, *, cassette: Path | None = None,
+             kind: type[ThreadAgentModel] = ThreadAgentModel,
              **budget: Any) -> tuple[Episode, ThreadAgentModel]:
-    """``agent`` through the bridge on the flag guest, recorded when ``cassette`` is given."""
+    """``agent`` through the bridge on the flag guest, recorded when ``cassette`` is given;
+    ``kind`` :class:`PythonAgentModel` is what ``--agent`` makes (its processes end with it)."""
     scenario = _scenario(tmp_path, **budget)
-    model = ThreadAgentModel(lambda: agent, agent.__name__)
+    model = kind(lambda: agent, agent.__name__)
     protocol = get_protocol("tools")
     if cassette is None:
         return run_episode(scenario, FlagGuest(), model, protocol, Clock(), None,
@@ -385,6 +393,105 @@ def test_an_episodes_commands_are_bounded_in_total(tmp_path: Path) -> None:
     ep, _ = _episode(tmp_path, Chatty, turns=allowed + 5)
     assert ep.commands == allowed + 1 and ep.verdict is Verdict.PASS, ep.reason
     assert len(Chatty.refused) == 1 and "would total" in Chatty.refused[0]
+
+
+# --- what a Python agent prints and starts (issue #46) --------------------------------------------
+
+class Printer:
+    """Writes to stdout every way a program can, then fixes the machine."""
+
+    def solve(self, task: str, shell: Shell) -> None:
+        print("printed by the agent")
+        os.write(1, b"written to descriptor 1\n")
+        subprocess.run(["echo", "echoed by its child"], check=True)
+        shell.run("touch a b")
+        shell.finish("done")
+
+
+def test_what_a_python_agent_prints_goes_to_stderr_not_rootbenchs_stdout(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A Python agent's print landed in the middle of ``--format json``'s one JSON document.
+    The provider of a Python agent's bench points descriptor 1 at stderr while it runs."""
+    (tmp_path / "loud.py").write_text("print('printed on import')\n"
+                                      "class Loud:\n    def solve(self, task, shell): pass\n")
+    with ModelProvider(AgentChoice(kind=AgentKind.PYTHON), tmp_path):
+        resolve(f"{tmp_path / 'loud.py'}:Loud")
+        ep, _ = _episode(tmp_path, Printer)
+    print("rootbench's own output")
+    out, err = capfd.readouterr()
+    assert ep.verdict is Verdict.PASS, ep.reason
+    assert out == "rootbench's own output\n"
+    for line in ("printed on import", "printed by the agent", "written to descriptor 1",
+                 "echoed by its child"):
+        assert line in err
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (/proc's SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigCgt for {pid}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+class Forker:
+    """Forks a child that tries the shell and then lingers, starts a long process, then fixes
+    the machine and finishes while both still run."""
+
+    said = b""
+    pids: list[int] = []
+    child_catches_sigterm: bool | None = None
+
+    def solve(self, task: str, shell: Shell) -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the shell is not its to use
+            try:
+                shell.run("touch a")
+                os.write(write, b"it ran")
+            except BaseException as exc:  # noqa: BLE001 - whatever it is, the test reads it
+                os.write(write, f"{type(exc).__name__}: {exc}".encode())
+            finally:
+                time.sleep(600)  # outlives the episode unless the episode ends it
+                os._exit(0)
+        os.close(write)
+        type(self).pids = [pid]
+        ready, _, _ = select.select([read], [], [], 20)
+        type(self).said = os.read(read, 1000) if ready else b""
+        os.close(read)
+        type(self).child_catches_sigterm = _catches(pid, signal.SIGTERM)
+        type(self).pids.append(subprocess.Popen(["sleep", "600"]).pid)
+        shell.run("touch a b")
+        shell.finish("done")
+
+
+def test_a_python_agents_processes_end_with_its_episode_and_a_forked_shell_fails_fast(
+        tmp_path: Path) -> None:
+    """A forked child's shell.run waited for a loop that is not in its process, it kept
+    rootbench's SIGTERM handler (so SIGTERM did not end it) and it outlived rootbench."""
+    Forker.pids = []
+    try:
+        with signals_raise():  # as in a bench: the child inherits rootbench's handler
+            ep, _ = _episode(tmp_path, Forker, kind=PythonAgentModel)
+        assert Forker.said.startswith(b"RuntimeError: the shell belongs to the agent's own "
+                                      b"process"), Forker.said
+        assert Forker.child_catches_sigterm is False  # SIGTERM ends it, as any process
+        assert ep.verdict is Verdict.PASS and ep.commands == 1, ep.reason
+        assert len(Forker.pids) == 2 and all(_gone(pid) for pid in Forker.pids), Forker.pids
+    finally:
+        for pid in Forker.pids:  # a failed run must not leave them behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 # --- finding the agent --------------------------------------------------------------------------
