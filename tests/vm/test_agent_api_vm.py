@@ -54,6 +54,38 @@ def test_the_scripted_example_fails_another_scenario_on_a_real_vm(
     assert replay_one(cassette, offline=True).same
 
 
+LOUD_AGENT = '''\
+import os
+import subprocess
+
+print("loud at import")
+
+
+class Loud:
+    def solve(self, task, shell):
+        print("loud in solve")
+        os.write(1, b"loud on descriptor 1\\n")
+        subprocess.run(["echo", "loud child"], check=True)
+        shell.run("chmod 755 /srv/docs")
+        shell.finish("gave /srv/docs its x bits back")
+'''
+
+
+@pytest.mark.vm
+def test_what_a_python_agent_prints_leaves_format_json_one_document(
+        tmp_path: Path, image: Any, no_new_qemu: None) -> None:
+    """Its prints landed in the middle of the JSON on stdout (issue #46): they go to stderr."""
+    (tmp_path / "loud.py").write_text(LOUD_AGENT)
+    r = run_cli("-q", "run", "specs/dir-missing-exec.yaml", "--agent",
+                f"{tmp_path / 'loud.py'}:Loud", "--runs-dir", str(tmp_path / "runs"),
+                "--format", "json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)  # one JSON document, nothing around it
+    assert "loud" not in r.stdout
+    for line in ("loud at import", "loud in solve", "loud on descriptor 1", "loud child"):
+        assert line in r.stderr, r.stderr
+
+
 class _ChatServer:
     """A real OpenAI-compatible server on loopback answering with a fixed script of tool calls."""
 
