@@ -50,6 +50,7 @@ from runner.backends.framing import helper_digest
 from runner.backends.images import load_recipe
 from runner.core import layout
 from runner.core.cassette import Cassette
+from runner.core.cassette_header import CassetteHeader
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.model import noop, oracle, scripted
@@ -280,10 +281,13 @@ def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | N
         rep = load_replayable(path)
     except InvalidInput as exc:
         return None, f"its recording is unreadable: {one_line(str(exc), 200)}"
-    if rep.cassette.head.spec_hash != scenario.spec_hash:
+    same_judging = _same_judging(rep.cassette.head, scenario)
+    if not same_judging:
         return None, (f"{path} was recorded against another version of the spec: record it "
                       "again with `rootbench verify`")
-    outcome = replay_loaded(rep, offline=True, specs=[Path(scenario.path).parent])
+    # A spec whose prose alone changed is judged as recorded: replay the recorded scenario.
+    outcome = replay_loaded(rep, offline=True, specs=[Path(scenario.path).parent],
+                            allow_spec_changes=rep.cassette.head.spec_hash != scenario.spec_hash)
     if outcome.result is not ReplayResult.SAME:
         return None, f"its recording replays {outcome.result}: {one_line(outcome.note, 200)}"
     return dict(rep.cassette.verdict or {}), ""
@@ -295,6 +299,16 @@ def _recorded_builds(image: Mapping[str, Any]) -> set[tuple[str, str, str]]:
     for m in (image, *(m for m in image.get("machines") or () if isinstance(m, Mapping))):
         out.add((str(m.get("image", "")), str(m.get("recipe_key", "")), str(m.get("helper", ""))))
     return out
+
+
+def _same_judging(head: CassetteHeader, scenario: Scenario) -> bool:
+    """Whether a recording was judged by what ``scenario`` says today: the same spec file, or
+    (recorded since judged hashes were written) the same spec but for its prose
+    (:data:`runner.core.spec.PROSE_KEYS`: a task told as a symptom, a hint reworded)."""
+    if head.spec_hash == scenario.spec_hash:
+        return True
+    recorded = head.scenario.get("judged_hash")
+    return bool(recorded) and recorded == scenario.judged_hash
 
 
 def stale_proof(path: Path, scenario: Scenario) -> str | None:
@@ -311,7 +325,7 @@ def stale_proof(path: Path, scenario: Scenario) -> str | None:
         head = Cassette.load(path).head
     except (OSError, InvalidInput) as exc:
         return f"no usable recording: {one_line(str(exc), 160)}"
-    if head.spec_hash != scenario.spec_hash:
+    if not _same_judging(head, scenario):
         return "the spec changed since it was recorded"
     if head.rules != CURRENT_RULES:
         return f"recorded under judging rules {int(head.rules)}, today's are {int(CURRENT_RULES)}"

@@ -250,6 +250,10 @@ class Scenario:
     forbidden: tuple[str, ...] = ()
     path: str = ""
     spec_hash: str = ""
+    # sha256 of what the spec says about judging: its parsed data without the prose a scripted
+    # run never reads (PROSE_KEYS). A recording of the oracle, the noop, a shortcut or an
+    # alternative still proves a spec whose task text alone was rewritten (runner.app.verify).
+    judged_hash: str = ""
     hints: tuple[str, ...] = ()  # from vague to specific; level k gives the agent the first k
     milestones: tuple[Milestone, ...] = ()
     shortcuts: tuple[Shortcut, ...] = ()  # what looks like a fix and is not; ``verify`` runs each
@@ -640,7 +644,7 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         budget=budget, setup=tuple(c for _m, c in steps), probes=_probes(data["probes"]),
         invariants=_probes(data.get("invariants") or []), solution=tuple(data["solution"]),
         forbidden=tuple(data.get("forbidden") or ()), path=where,
-        spec_hash=hashlib.sha256(text.encode()).hexdigest(),
+        spec_hash=hashlib.sha256(text.encode()).hexdigest(), judged_hash=judged_hash(data),
         hints=tuple(data.get("hints") or ()),
         milestones=tuple(Milestone(name=m["name"], command_matches=m.get("command_matches"),
                                    output_contains=m.get("output_contains"))
@@ -660,6 +664,19 @@ def scenario_from_text(text: str, where: str) -> Scenario:
         agent_machine=data.get("agent_machine"),
         setup_on=tuple(m for m, _c in steps) if any(m for m, _c in steps) else (),
     )
+
+
+# What a scenario says to a reader or a model but never to a scripted run's judge: rewriting
+# these (a leaky task told as a symptom, a better hint) leaves every verify proof standing.
+PROSE_KEYS = frozenset({"title", "description", "task", "hints", "tags", "difficulty",
+                        "system_prompt", "milestones"})
+
+
+def judged_hash(data: dict[str, Any]) -> str:
+    """sha256 of a spec's parsed data without :data:`PROSE_KEYS` (see ``Scenario.judged_hash``)."""
+    judged = {k: v for k, v in data.items() if k not in PROSE_KEYS}
+    return hashlib.sha256(json.dumps(judged, sort_keys=True, ensure_ascii=False,
+                                     default=str).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _check_shortcut_names(data: dict[str, Any], where: str, lines: dict[Any, int]) -> None:
@@ -769,6 +786,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         del out["lasting"]
     if not s.allow:
         del out["allow"]
+    if not s.judged_hash:
+        del out["judged_hash"]
     out["probes"] = [p.to_dict() for p in s.probes]
     out["invariants"] = [p.to_dict() for p in s.invariants]
     del out["milestones"], out["shortcuts"]  # a shortcut's run records its own commands

@@ -214,3 +214,20 @@ def test_verify_starts_the_slowest_scenarios_first_by_their_recorded_oracle_time
     # nothing recorded says the new one is quick; cron-stopped waits out cron's minute
     assert order[:2] == ["not-recorded-yet", "cron-stopped"]
     assert sorted(order) == sorted(s.id for s in scenarios)
+
+
+def test_a_recording_proves_a_spec_whose_prose_alone_changed(tmp_path: Path) -> None:
+    """Rewriting a leaky task as a symptom must not throw away every proof of the scenario:
+    the judged hash leaves out the prose a scripted run never reads, and nothing else."""
+    from runner.core.spec import scenario_from_text
+
+    text = SHORTCUT_SPEC.format(id="prose")
+    base = scenario_from_text(text, "prose.yaml")
+    reworded = scenario_from_text(text.replace("task: ", "task: Reworded. ", 1), "prose.yaml")
+    assert reworded.spec_hash != base.spec_hash
+    assert reworded.judged_hash == base.judged_hash and len(base.judged_hash) == 64
+    for judged, to in (("systemctl stop nginx", "systemctl kill nginx"),
+                       ("active: true", "active: false"), ("[/usr/sbin/nginx]", "[nginx]")):
+        assert judged in text, judged
+        changed = scenario_from_text(text.replace(judged, to, 1), "prose.yaml")
+        assert changed.judged_hash != base.judged_hash, judged
