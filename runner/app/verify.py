@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from runner.core.cassette import Cassette
 from runner.core.cassette_header import CassetteHeader
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
-from runner.core.model import noop, oracle, scripted
+from runner.core.model import commands_digest, noop, oracle, scripted
 from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
 from runner.core.protocol import get_protocol
 from runner.core.rules import CURRENT_RULES
@@ -267,7 +267,8 @@ def recorded_noop(scenario: Scenario, recorded: Path, v: Verification) -> None:
                 _broken_invariants(verdict.get("invariants") or []), v)
 
 
-def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | None, str]:
+def replayed_verdict(path: Path, scenario: Scenario,
+                     commands: Sequence[str] | None = None) -> tuple[dict[str, Any] | None, str]:
     """The verdict line of the recording at ``path`` if it proves something, else None and why.
 
     A recording stands in for a live run only if it is of this very spec (its
@@ -281,7 +282,7 @@ def replayed_verdict(path: Path, scenario: Scenario) -> tuple[dict[str, Any] | N
         rep = load_replayable(path)
     except InvalidInput as exc:
         return None, f"its recording is unreadable: {one_line(str(exc), 200)}"
-    same_judging = _same_judging(rep.cassette.head, scenario)
+    same_judging = _same_judging(rep.cassette.head, scenario, commands)
     if not same_judging:
         return None, (f"{path} was recorded against another version of the spec: record it "
                       "again with `rootbench verify`")
@@ -301,14 +302,19 @@ def _recorded_builds(image: Mapping[str, Any]) -> set[tuple[str, str, str]]:
     return out
 
 
-def _same_judging(head: CassetteHeader, scenario: Scenario) -> bool:
+def _same_judging(head: CassetteHeader, scenario: Scenario,
+                  commands: Sequence[str] | None = None) -> bool:
     """Whether a recording was judged by what ``scenario`` says today: the same spec file, or
-    (recorded since judged hashes were written) the same spec but for its prose
-    (:data:`runner.core.spec.PROSE_KEYS`: a task told as a symptom, a hint reworded)."""
+    (recorded since judged hashes were written) the same spec but for its prose and its other
+    scripts (:data:`runner.core.spec.PROSE_KEYS`: a task told as a symptom, a hint reworded;
+    an alternative added) and, for a shortcut's or an alternative's run, its very
+    ``commands`` (their hash in the scripted agent's fingerprint)."""
     if head.spec_hash == scenario.spec_hash:
         return True
     recorded = head.scenario.get("judged_hash")
-    return bool(recorded) and recorded == scenario.judged_hash
+    if not recorded or recorded != scenario.judged_hash:
+        return False
+    return commands is None or head.model.get("commands_sha256") == commands_digest(commands)
 
 
 def stale_proof(path: Path, scenario: Scenario) -> str | None:
@@ -461,7 +467,7 @@ def recorded_alternative(scenario: Scenario, index: int, recorded: Path) -> Shor
     alt = scenario.alternatives[index]
     path = shortcut_cassette(recorded, scenario, index, alternative=True)
     t0 = time.monotonic()
-    verdict, why = replayed_verdict(path, scenario)
+    verdict, why = replayed_verdict(path, scenario, alt.commands)
     if verdict is None:
         return ShortcutRun(alt.name, ALTERNATIVE_KIND, None, "-", why, cassette=str(path))
     recorded_verdict = verdict.get("verdict")
@@ -483,7 +489,7 @@ def recorded_shortcut(scenario: Scenario, index: int, recorded: Path) -> Shortcu
     shortcut = scenario.shortcuts[index]
     path = shortcut_cassette(recorded, scenario, index)
     t0 = time.monotonic()
-    verdict, why = replayed_verdict(path, scenario)
+    verdict, why = replayed_verdict(path, scenario, shortcut.commands)
     if verdict is None:
         if not path.is_file():
             why += " (shortcuts run live)"

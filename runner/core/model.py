@@ -9,8 +9,9 @@ real model, a scripted fix, and a replayed cassette.
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +143,16 @@ class ScriptedModel(Model):
         return ModelReply(message=message, raw={"choices": [{"message": message}]})
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": self.agent.value, "name": self.name, "commands": len(self._commands)}
+        # The commands' hash lets verify tell a recording of these very commands from one of
+        # a shortcut since edited, when the spec changed elsewhere (runner.app.verify).
+        return {"kind": self.agent.value, "name": self.name, "commands": len(self._commands),
+                "commands_sha256": commands_digest(self._commands)}
+
+
+def commands_digest(commands: Sequence[str]) -> str:
+    """sha256 of a scripted agent's commands, in order (its fingerprint's ``commands_sha256``)."""
+    return hashlib.sha256(json.dumps(list(commands), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass")).hexdigest()
 
 
 def oracle(solution: list[str], speaks: str = "tools") -> ScriptedModel:

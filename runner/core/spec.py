@@ -670,11 +670,15 @@ def scenario_from_text(text: str, where: str) -> Scenario:
 # these (a leaky task told as a symptom, a better hint) leaves every verify proof standing.
 PROSE_KEYS = frozenset({"title", "description", "task", "hints", "tags", "difficulty",
                         "system_prompt", "milestones"})
+# Not part of what judges a run either: each shortcut's and alternative's recording is its own
+# run, matched to its commands by their hash in the scripted agent's fingerprint.
+SCRIPTS_KEYS = frozenset({"shortcuts", "alternatives"})
 
 
 def judged_hash(data: dict[str, Any]) -> str:
-    """sha256 of a spec's parsed data without :data:`PROSE_KEYS` (see ``Scenario.judged_hash``)."""
-    judged = {k: v for k, v in data.items() if k not in PROSE_KEYS}
+    """sha256 of a spec's parsed data without :data:`PROSE_KEYS` and :data:`SCRIPTS_KEYS`
+    (see ``Scenario.judged_hash``)."""
+    judged = {k: v for k, v in data.items() if k not in PROSE_KEYS | SCRIPTS_KEYS}
     return hashlib.sha256(json.dumps(judged, sort_keys=True, ensure_ascii=False,
                                      default=str).encode("utf-8", "surrogatepass")).hexdigest()
 

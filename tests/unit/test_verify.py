@@ -219,6 +219,7 @@ def test_verify_starts_the_slowest_scenarios_first_by_their_recorded_oracle_time
 def test_a_recording_proves_a_spec_whose_prose_alone_changed(tmp_path: Path) -> None:
     """Rewriting a leaky task as a symptom must not throw away every proof of the scenario:
     the judged hash leaves out the prose a scripted run never reads, and nothing else."""
+    from runner.core.model import scripted
     from runner.core.spec import scenario_from_text
 
     text = SHORTCUT_SPEC.format(id="prose")
@@ -227,7 +228,14 @@ def test_a_recording_proves_a_spec_whose_prose_alone_changed(tmp_path: Path) -> 
     assert reworded.spec_hash != base.spec_hash
     assert reworded.judged_hash == base.judged_hash and len(base.judged_hash) == 64
     for judged, to in (("systemctl stop nginx", "systemctl kill nginx"),
-                       ("active: true", "active: false"), ("[/usr/sbin/nginx]", "[nginx]")):
+                       ("active: true", "active: false"),
+                       ("solution: [systemctl start nginx]", "solution: [systemctl restart nginx]")):
         assert judged in text, judged
         changed = scenario_from_text(text.replace(judged, to, 1), "prose.yaml")
         assert changed.judged_hash != base.judged_hash, judged
+    # A shortcut's own commands are matched by their hash in the scripted agent's fingerprint,
+    # so editing one shortcut (or adding an alternative) leaves the others' proofs standing.
+    edited = scenario_from_text(text.replace("[/usr/sbin/nginx]", "[nginx]", 1), "prose.yaml")
+    assert edited.judged_hash == base.judged_hash
+    assert scripted("x", list(edited.shortcuts[0].commands)).fingerprint()["commands_sha256"] \
+        != scripted("x", list(base.shortcuts[0].commands)).fingerprint()["commands_sha256"]
