@@ -171,6 +171,21 @@ def test_package_files_are_judged_against_the_manifest_read_at_start(helper: Hel
     assert helper.state()["package_files"] == ["/usr/lib/systemd/system/tool.service (missing)"]
 
 
+def test_data_trees_are_walked_for_new_files_only(helper: Helper, tree: Path) -> None:
+    """Below /usr/share/doc (man, locale) only a folder that changed since the helper started
+    has its files looked at: a new setid program there is seen, a data file made writable
+    that was there at start is not (the walk's cost is mostly those trees)."""
+    (tree / "usr/share/doc/tool/README").chmod(0o666)
+    assert helper.state()["world_writable"] == []
+    _write(tree, "usr/share/doc/tool/sh", "a copy of a shell", 0o4755)
+    s = helper.state()
+    assert s["setid"] == ["4755 /usr/bin/passwd", "4755 /usr/share/doc/tool/sh"]
+    assert s["world_writable"] == ["0666 /usr/share/doc/tool/README"]  # its folder changed: all looked at
+    (tree / "usr/share/doc/new").mkdir(mode=0o777)
+    (tree / "usr/share/doc/new").chmod(0o777)
+    assert "0777 /usr/share/doc/new" in helper.state()["world_writable"]
+
+
 def test_a_long_category_is_cut_and_says_so(helper: Helper, tree: Path) -> None:
     for i in range(450):
         _write(tree, f"opt/many/f{i:03}", "", 0o2755)
