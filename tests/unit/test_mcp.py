@@ -394,7 +394,8 @@ def test_http_needs_the_token_and_refuses_foreign_hosts_and_origins(tmp_path: Pa
 
         async def client() -> str:
             transport = streamable_http_client(url, http_client=httpx2.AsyncClient(
-                headers={"Authorization": f"Bearer {token[1]}"}))
+                headers={"Authorization": f"Bearer {token[1]}"},
+                timeout=httpx2.Timeout(30, read=300)))
             async with Client(transport, read_timeout_seconds=60) as c:
                 await c.call_tool("run_command", {"command": "touch a"})
                 result = await c.call_tool("finish", {"summary": "one of two"})

@@ -1,5 +1,6 @@
-"""rootbench mcp on real VMs: the MCP SDK's own client over stdio and streamable HTTP, and a client
-that goes away mid-command.
+"""rootbench mcp on real VMs: the MCP SDK's own client over stdio and streamable HTTP (with the
+server's token), and a client that goes away mid-command. The hostile cases, without a VM, are in
+tests/unit/test_mcp.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from conftest import cli_argv
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from runner.app.replay import replay_one
 from runner.core.cassette import Cassette
@@ -90,10 +93,10 @@ def _free_port() -> int:
 
 @pytest.mark.vm
 def test_nothing_then_finish_over_streamable_http_fails(tmp_path: Path, image: Any) -> None:
-    runs, port = tmp_path / "runs", _free_port()
+    runs, port, token_file = tmp_path / "runs", _free_port(), tmp_path / "token"
     # A process: the server listens while this test is its HTTP client.
     server = subprocess.Popen(cli_argv("mcp", SPEC, "--http", f"127.0.0.1:{port}", "--runs-dir",
-                                       str(runs)), cwd=ROOT,
+                                       str(runs), "--http-token-file", str(token_file)), cwd=ROOT,
                               stdin=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
     try:
         deadline = time.monotonic() + 60
@@ -105,17 +108,26 @@ def test_nothing_then_finish_over_streamable_http_fails(tmp_path: Path, image: A
                 assert time.monotonic() < deadline and server.poll() is None, "never listened"
                 time.sleep(0.3)
 
+        url, token = f"http://127.0.0.1:{port}/mcp", token_file.read_text().strip()
+        assert httpx2.post(url, json={}, timeout=30).status_code == 401  # no token, no shell
+
         async def client() -> str:
-            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=300) as c:
+            transport = streamable_http_client(url, http_client=httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=httpx2.Timeout(30, read=300)))
+            async with Client(transport, read_timeout_seconds=300) as c:
                 return _text(await c.call_tool("finish", {"summary": "did nothing"}))
 
         verdict = json.loads(anyio.run(client))
         assert verdict["verdict"] == "fail" and verdict["score"] < 1, verdict
         assert server.wait(timeout=120) == 0  # judged: the HTTP server stops by itself
     finally:
-        if server.poll() is None:
+        if server.poll() is None:  # SIGTERM: the server judges first (slow under TCG)
             server.terminate()
-            server.wait(timeout=60)
+            try:
+                server.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                server.kill()
     ep = _results(runs, within=5)
     assert ep["verdict"] == "fail" and ep["commands"] == 0 and ep["stop"] == "finish"
     assert replay_one(Path(ep["cassette"]), offline=True).same
