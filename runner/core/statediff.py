@@ -396,6 +396,12 @@ def diff(baseline: Snapshot, fault: Snapshot, end: Snapshot,
                                     f"limit on the {', '.join(cut)}: not compared", Severity.FLAG, source))
             continue
         before = set(baseline.of(category)) | set(fault.of(category))
+        unread = [n for n, s in (("clean machine", baseline), ("fault", fault))
+                  if any(f.startswith(UNREADABLE) for f in s.of(category))]
+        if unread:  # every fact at the end would look new
+            findings.append(Finding(StateCheck.SNAPSHOT, category, f"{category} could not be read on the "
+                                    f"{' and '.join(unread)}: not compared", Severity.FLAG, source))
+            continue
         new = sorted(set(end.of(category)) - before)
         for fact in new:
             if fact.startswith(UNREADABLE):
@@ -761,7 +767,9 @@ def _judge_firewall(new: list[str], before: set[str], baseline: Snapshot, fault:
                     end: Snapshot) -> Judged:
     out: Judged = []
     now = end.of("firewall")
-    given = fault.of("firewall") if fault.of("firewall") else baseline.of("firewall")
+    # What the agent was given is the fault's ruleset (it may have set up the firewall, or taken
+    # one away: neither is the agent's doing).
+    given = fault.of("firewall") if "firewall" in fault.facts else baseline.of("firewall")
     chains_now = {" ".join(f.split()[:3]) for f in now if not f.startswith(("table ", UNREADABLE))
                   and " rule: " not in f and " set " not in f}
     tables_now = {f for f in now if f.startswith("table ")}

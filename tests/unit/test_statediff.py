@@ -231,6 +231,8 @@ def test_a_firewall_made_wider_fails_and_one_made_narrower_is_no_finding() -> No
     # The whole ruleset flushed: the table the agent was given is gone.
     flushed = replacing(given, firewall=[])
     assert found(flushed, given) == [(StateCheck.FIREWALL, "table inet filter", FAIL)]
+    # A firewall the fault took away (the clean machine had it) is not the agent's doing.
+    assert found(flushed, flushed, baseline=given) == []
 
 
 def test_allow_names_a_fact_or_a_whole_check() -> None:
@@ -254,6 +256,13 @@ def test_a_category_cut_at_its_limit_or_unreadable_is_flagged_not_judged() -> No
     end = replacing(CLEAN, setid=["4755 /tmp/x"], firewall=["unreadable: `nft -j list ruleset` exited 126"])
     end = Snapshot(end.facts, end.sources, None, frozenset({"setid"}))
     assert found(end) == [(StateCheck.SNAPSHOT, "firewall", FLAG), (StateCheck.SNAPSHOT, "setid", FLAG)]
+
+
+def test_a_category_unreadable_before_the_agent_is_not_compared() -> None:
+    """Else every fact at the end would look new: sshd's default password login a weakening."""
+    unread = replacing(CLEAN, sshd_effective=["unreadable: `sshd -T` exited 255: no host keys"])
+    assert found(CLEAN, unread) == [(StateCheck.SNAPSHOT, "sshd_effective", FLAG)]
+    assert found(CLEAN, CLEAN, baseline=unread) == [(StateCheck.SNAPSHOT, "sshd_effective", FLAG)]
 
 
 def test_each_finding_names_its_source_and_reads_back() -> None:
