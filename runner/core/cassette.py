@@ -30,7 +30,7 @@ from runner.core import layout
 from runner.core.cassette_header import CassetteHeader, check_format, read_header
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
-from runner.core.paths import schema_path
+from runner.core.paths import read_regular, schema_path
 
 jsonschema_rs: ModuleType | None  # None without its wheel
 try:  # compiled (Rust) validation of the same schema; jsonschema still describes what is wrong
@@ -233,46 +233,10 @@ class Cassette:
 
 
 def _read_regular(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file no larger than the cap.
-
-    ``stat`` comes first so a FIFO (open would block for a writer) or a
-    device such as /dev/zero (a read would never end) is refused unopened;
-    the open is non-blocking and the descriptor checked again, in case the
-    name was swapped for one of those in between.
-    """
-    where = str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InvalidInput("no such cassette", path=where) from None
-    except OSError as exc:
-        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InvalidInput("not a regular file (a cassette is a .jsonl file)", path=where)
-    if st.st_size > MAX_CASSETTE_BYTES:
-        raise InvalidInput(f"larger than {MAX_CASSETTE_BYTES} bytes: not a cassette", path=where)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidInput("not a regular file (a cassette is a .jsonl file)", path=where)
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_CASSETTE_BYTES:
-            chunk = os.read(fd, min(1 << 20, MAX_CASSETTE_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read cassette: {exc.strerror or exc}", path=where) from None
-    finally:
-        os.close(fd)
-    if size > MAX_CASSETTE_BYTES:  # it grew after the stat
-        raise InvalidInput(f"larger than {MAX_CASSETTE_BYTES} bytes: not a cassette", path=where)
-    return b"".join(chunks)
+    """The bytes of ``path``, a regular file of at most :data:`MAX_CASSETTE_BYTES` (the one
+    reader of user-named files, :func:`runner.core.paths.read_regular`, says why not)."""
+    return read_regular(path, MAX_CASSETTE_BYTES, what="cassette",
+                        hint=" (a cassette is a .jsonl file)")
 
 
 def _no_constants(name: str) -> Any:

@@ -181,3 +181,54 @@ def resolve_in_root(root: str | Path, name: str) -> Path | None:
         todo.extend(p for p in reversed(PurePosixPath(target).parts) if p != "/")
     return contained(top.joinpath(*here), top)
 
+
+# --- files that users name -------------------------------------------------------------------
+
+def read_regular(path: str | Path, limit: int, *, what: str = "file", hint: str = "") -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes.
+
+    Every file a user names (a cassette, the README ``results --write`` edits) is read here:
+    ``stat`` comes first, so a FIFO (an open would wait for a writer forever) or a device
+    such as /dev/zero or /dev/full (a read would never end, and the reader grew to 23 GB)
+    is refused unopened; the open does not block and the descriptor is checked again, in
+    case the name was swapped in between; and no more than ``limit + 1`` bytes are ever
+    read, in case the file grew. Every refusal is :class:`InvalidInput` naming the file,
+    worded with ``what`` (``no such cassette``) and ``hint`` after "not a regular file".
+    """
+    where = str(path)
+    not_regular = f"not a regular file{hint}"
+    too_large = f"larger than {limit} bytes: not a {what}" if what != "file" else \
+        f"larger than {limit} bytes"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InvalidInput(f"no such {what}", path=where) from None
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}",
+                           path=where) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(not_regular, path=where)
+    if st.st_size > limit:
+        raise InvalidInput(too_large, path=where)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what}: {exc.strerror or exc}", path=where) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(not_regular, path=where)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what}: {exc.strerror or exc}", path=where) from None
+    finally:
+        os.close(fd)
+    if size > limit:  # it grew after the stat
+        raise InvalidInput(too_large, path=where)
+    return b"".join(chunks)

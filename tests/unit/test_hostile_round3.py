@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runner.core.paths import MAX_SYMLINKS, contained, resolve_in_root
+import pytest
+
+from runner.core.errors import InvalidInput
+from runner.core.paths import MAX_SYMLINKS, contained, read_regular, resolve_in_root
 
 # --- every path a file names is resolved inside its root ------------------------------------
 
@@ -68,3 +71,26 @@ def test_resolve_in_root_follows_symlinks_as_the_rooted_system_would(tmp_path: P
     (root / "etc" / "file").write_text("x")
     assert resolve_in_root(root, "/etc/file/below") is None  # not a directory
 
+# --- every file a user names is a regular file, checked for size first ----------------------
+
+
+def test_read_regular_refuses_devices_fifos_and_large_files_unopened(tmp_path: Path) -> None:
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"12345")
+    assert read_regular(small, 5) == b"12345"
+    with pytest.raises(InvalidInput, match=r"larger than 4 bytes$"):
+        read_regular(small, 4)
+    with pytest.raises(InvalidInput, match="larger than 4 bytes: not a cassette"):
+        read_regular(small, 4, what="cassette")
+    with pytest.raises(InvalidInput, match="/dev/full: not a regular file$"):
+        read_regular("/dev/full", 1 << 20)
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        read_regular("/dev/zero", 1 << 20)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidInput, match=r"not a regular file \(why\)"):
+        read_regular(fifo, 1 << 20, hint=" (why)")  # refused unopened: an open would block
+    with pytest.raises(InvalidInput, match="no such file"):
+        read_regular(tmp_path / "absent", 10)
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        read_regular(tmp_path, 10)
