@@ -44,6 +44,8 @@ from runner.core.statediff import Finding, Severity, Snapshot, diff, take_snapsh
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.agent")
+# How a snapshot of a guest with no helper to ask begins its error (statediff.parse_answer).
+NO_HELPER = "the guest helper cannot answer: "
 
 # The machine's state at one moment, by machine name ("" for a scenario of one machine).
 States = dict[str, Snapshot]
@@ -80,14 +82,17 @@ def judge_state(scenario: Scenario, guest: Guest, ep: Episode, baseline: States 
     """
     if baseline is None or fault is None:
         return
-    unread = next((snap.error for snap in baseline.values() if snap.error is not None), None)
+    unread = next((snap.error for snap in (*baseline.values(), *fault.values())
+                   if snap.error is not None), None)
     if unread is not None:
-        # Read on the clean machine, before the fault and the agent: nothing the agent did made
-        # it unreadable (a guest without the helper, as in a test's stand-in), so there is
-        # nothing to diff against and nothing to blame the agent for.
-        log.warning("  no state diff: the clean machine's state could not be read: %s",
-                    one_line(unread, 160))
-        return
+        # Read before the agent acted (the clean machine, the fault): nothing the agent did made
+        # it unreadable, so nothing can be blamed on the agent. A guest with no helper to ask
+        # (a test's stand-in) has no state to diff; a real guest whose helper could not answer
+        # (a starved host ran out the time) leaves the run unjudged: infra-error, run again.
+        if unread.startswith(NO_HELPER):
+            log.warning("  no state diff: %s", one_line(unread, 160))
+            return
+        raise InfraError(f"the clean machine's state could not be read: {one_line(unread, 160)}")
     end = take_states(scenario, guest, rules)
     assert end is not None  # rules >= V3, as for baseline
     allow = {f"{a.check}:{a.item}": a.why for a in scenario.allow}

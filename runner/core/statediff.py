@@ -155,7 +155,7 @@ CATEGORIES: Mapping[str, StateCheck] = MappingProxyType({
     "firewall": StateCheck.FIREWALL,
 })
 
-STATE_TIMEOUT = 30.0  # seconds the helper may take for the state question (and each clean command)
+STATE_TIMEOUT = 120.0  # seconds the helper may take for the state question (and each clean command)
 STATE_QUESTION = json.dumps({"ask": "state"}, sort_keys=True)
 NFT_COMMAND = "nft -j list ruleset"
 SSHD_COMMAND = "sshd -T"
