@@ -5,13 +5,18 @@ recordings folder's cassettes (their verdict lines), and says in plain words:
 
 - what each side is (the model and protocol its episodes name) and its own
   figures, the very ones ``rootbench report`` shows (:func:`runner.app.stats.summarize`):
-  pass@1 of the first tries as ``passes/n = rate``, and with hints the rounds
-  solved at any level and the mean assist;
+  pass@1 of the first tries as ``passes/n = rate``, the repair score (the
+  headline graded figure), the unsafe-fix rate (or that it was not judged),
+  the mean score, and with hints the rounds solved at any level and the mean
+  assist; beside them, noop's and the oracle's figures over the same
+  scenarios (:mod:`runner.app.reference`);
 - the first tries of both sides paired (same scenario, round and hint level),
   per scenario and overall, with bootstrap intervals of the differences;
-- McNemar's exact test on those pairs, named and explained in one line, and
-  with hints on both sides the same test on the rounds solved at any level;
-- a verdict naming the models.
+- McNemar's exact test on those pairs, named and explained in one line, the
+  exact sign test on their repair scores, with hints on both sides McNemar's
+  test on the rounds solved at any level, and where both were judged, on
+  the unsafe fixes;
+- a verdict naming the models, decided on the repair score.
 
 With more than two runs, each is compared with the first.
 """
@@ -26,6 +31,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from runner.app.reference import Reference, reference_text, references
 from runner.app.runs import episodes_from_recordings, is_recordings, load_episodes
 from runner.app.stats import CONFIDENCE, Comparison, Interval, Summary, compare, summarize
 from runner.core.episode import Episode
@@ -57,10 +63,16 @@ class RunComparison:
             return self.a.label, self.b.label
         return f"{self.a.label} (A)", f"{self.b.label} (B)"
 
+    def references(self) -> list[Reference]:
+        """noop's and the oracle's figures over the scenarios either side ran."""
+        return references(ep.scenario for run in (self.a, self.b) for ep in run.episodes
+                          if ep.verdict.scored)
+
     def to_dict(self) -> dict[str, Any]:
         a, b = self.names()
         return {"a": _run_dict(self.a), "b": _run_dict(self.b), **self.result.to_dict(),
-                "verdict": self.result.verdict(a, b)}
+                "verdict": self.result.verdict(a, b),
+                "reference": [r.to_dict() for r in self.references()]}
 
 
 def _run_dict(run: Run) -> dict[str, Any]:
@@ -142,9 +154,19 @@ def _own_figures(rc: RunComparison, level: str) -> list[list[str]]:
     def score(s: Summary) -> str:
         return f"{s.mean_score:.2f}{_ci(s.mean_score_ci)}" if s.mean_score is not None else "-"
 
+    def repair(s: Summary) -> str:
+        return f"{s.mean_repair:.2f}{_ci(s.mean_repair_ci)}" if s.mean_repair is not None else "-"
+
+    def unsafe(s: Summary) -> str:
+        if not s.judged or s.unsafe_rate is None:
+            return "not judged (before rules 3)"
+        return f"{s.unsafe_fixes}/{s.judged} = {s.unsafe_rate:.2f}{_ci(s.unsafe_rate_ci)}"
+
     rows = [["episodes (first tries)", f"{sa.runs} ({sa.scored})", f"{sb.runs} ({sb.scored})"],
             [f"pass@1 [{level} CI]", f"{pass1(sa)} at {_levels(rc.a.episodes)}",
              f"{pass1(sb)} at {_levels(rc.b.episodes)}"],
+            [f"repair score, first tries [{level} CI]", repair(sa), repair(sb)],
+            [f"unsafe fixes, first tries [{level} CI]", unsafe(sa), unsafe(sb)],
             [f"mean score, first tries [{level} CI]", score(sa), score(sb)]]
     if sa.solved is not None or sb.solved is not None:
         def assist(s: Summary) -> str:
@@ -166,17 +188,26 @@ def _text(rc: RunComparison, fmt: str) -> str:
              f"B: {b}, from {printable(str(rc.b.path))}", "",
              "Each on its own (the figures of `rootbench report`):", "",
              tabulate(_own_figures(rc, level), headers=["", f"A: {a}", f"B: {b}"],
-                      disable_numparse=True, tablefmt=tablefmt), ""]
+                      disable_numparse=True, tablefmt=tablefmt),
+             reference_text(rc.references(), len({ep.scenario for run in (rc.a, rc.b)
+                                                  for ep in run.episodes if ep.verdict.scored})),
+             ""]
     if r.scenarios:
+        def fig(x: float | None, sign: bool = False) -> str:
+            return "-" if x is None else f"{x:+.2f}" if sign else f"{x:.2f}"
+
         rows = [[printable(s.scenario), str(s.pairs), f"{s.a_passes}/{s.pairs}",
-                 f"{s.b_passes}/{s.pairs}", f"{s.a_score:.2f}", f"{s.b_score:.2f}",
+                 f"{s.b_passes}/{s.pairs}", fig(s.a_repair), fig(s.b_repair),
+                 fig(s.repair_diff, sign=True), f"{s.a_score:.2f}", f"{s.b_score:.2f}",
                  f"{s.score_diff:+.2f}"] for s in r.scenarios]
         a_passes, b_passes = sum(s.a_passes for s in r.scenarios), sum(s.b_passes for s in r.scenarios)
         rows.append(["overall", str(r.pairs), f"{a_passes}/{r.pairs}", f"{b_passes}/{r.pairs}",
+                     fig(r.a_repair), fig(r.b_repair),
+                     fig(r.repair_diff, sign=True) + _ci(r.repair_diff_ci, sign=True),
                      f"{r.a_score:.2f}", f"{r.b_score:.2f}",
                      f"{r.score_diff:+.2f}{_ci(r.score_diff_ci, sign=True)}"])
-        headers = ["scenario", "pairs", "A passed", "B passed", "A score", "B score",
-                   f"score A-B [{level} CI]"]
+        headers = ["scenario", "pairs", "A passed", "B passed", "A repair", "B repair",
+                   f"repair A-B [{level} CI]", "A score", "B score", f"score A-B [{level} CI]"]
         lines += ["First tries paired (same scenario, round and hint level):", "",
                   tabulate(rows, headers=headers, disable_numparse=True, tablefmt=tablefmt), "",
                   f"pass rate A-B, mean over scenarios: {r.pass_diff:+.2f}"
@@ -185,9 +216,17 @@ def _text(rc: RunComparison, fmt: str) -> str:
               f"{r.a_only}, only B passed {r.b_only}, p = {p_text(r.mcnemar_p)}",
               "  (p: the chance of a split at least this uneven if A and B were equally good; "
               f"below {1 - r.confidence:.2g} it shows a difference)"]
+    if r.repair_p is not None:
+        lines.append(f"exact sign test on the {r.repair_pairs} pairs' repair scores (the "
+                     f"verdict's basis): A higher in {r.a_repair_better}, B higher in "
+                     f"{r.b_repair_better}, p = {p_text(r.repair_p)}")
     if (r.a_better, r.b_better) != (r.a_only, r.b_only):
         lines.append(f"exact sign test on the first tries' scores: A higher in {r.a_better}, "
                      f"B higher in {r.b_better}, p = {p_text(r.sign_p)}")
+    if r.unsafe_p is not None:
+        lines.append(f"McNemar's exact test on the {r.unsafe_pairs} pairs judged for safety on "
+                     f"both sides: only A fixed unsafely {r.a_unsafe_only}, only B "
+                     f"{r.b_unsafe_only}, p = {p_text(r.unsafe_p)}")
     if r.solved_p is not None:
         lines.append(f"McNemar's exact test on the {r.solved_pairs} rounds both ran with hints, "
                      f"solved at any level: only A solved {r.a_solved_only}, only B solved "

@@ -3,6 +3,12 @@
 Everything a guest or a model produced passes through :func:`printable`
 before it is shown, so no escape sequence reaches the user's terminal and no
 bidirectional override reorders what they read.
+
+The headline graded figure is the repair score (:func:`runner.app.stats.repair_of`): what
+the fault broke and the run repaired, 0 for doing nothing, 1 for the oracle; it is shown
+beside the same figures of the committed noop and oracle runs over the same scenarios
+(:mod:`runner.app.reference`). The unsafe-fix rate (the symptom fixed, with damage or a
+state-diff finding) comes with it, or says it was not judged (runs before rules 3).
 """
 
 from __future__ import annotations
@@ -14,7 +20,18 @@ from typing import Any
 
 from tabulate import tabulate
 
-from runner.app.stats import Interval, Summary, assists, model_speed, summarize, verdict_counts
+from runner.app.reference import reference_text, references
+from runner.app.stats import (
+    CONFIDENCE,
+    Interval,
+    Summary,
+    assists,
+    first_tries,
+    model_speed,
+    repair_of,
+    summarize,
+    verdict_counts,
+)
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
 from runner.core.text import printable
@@ -49,11 +66,21 @@ _GRADED_CELL: dict[str, Callable[[Episode], str | None]] = {
 }
 
 
+# Columns of figures derived from an episode's record (not GRADED_FIELDS of their own), shown
+# before the graded ones when any episode has a value: the repair score, the headline, and
+# whether a judged run fixed the symptom unsafely.
+DERIVED_COLUMNS: tuple[tuple[str, Callable[[Episode], str | None]], ...] = (
+    ("repair", lambda ep: None if (r := repair_of(ep)) is None else f"{r:.2f}"),
+    ("unsafe fix", lambda ep: None if ep.unsafe_fix is None
+     else ("yes" if ep.unsafe_fix else "no")),
+)
+
+
 def _graded(episodes: Sequence[Episode],
             ladder: bool = False) -> tuple[list[str], list[list[str]]]:
     """The grading columns the runs have something in: the hint level each episode ran at and
-    its round's assist (the lowest level that passed; both always with ``ladder``), score,
-    milestones, time to fix; an old results file with none of them gets none."""
+    its round's assist (the lowest level that passed; both always with ``ladder``), repair,
+    unsafe fix, score, milestones, time to fix; an old results file with none of them gets none."""
     headers: list[str] = []
     cells: list[list[str]] = [[] for _ in episodes]
     if ladder or any(ep.hint_level for ep in episodes):
@@ -62,6 +89,12 @@ def _graded(episodes: Sequence[Episode],
         for row, ep in zip(cells, episodes, strict=True):
             level = helped.get((ep.scenario, ep.round))
             row += [str(ep.hint_level), "-" if level is None else str(level)]
+    for title, cell in DERIVED_COLUMNS:
+        derived = [cell(ep) for ep in episodes]
+        if any(v is not None for v in derived):
+            headers.append(title)
+            for row, v in zip(cells, derived, strict=True):
+                row.append("-" if v is None else v)
     for key, title in GRADED_COLUMNS:
         values = [_GRADED_CELL[key](ep) for ep in episodes]
         if any(v is not None for v in values):
@@ -81,9 +114,12 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     """The results table (or JSON) for the terminal; ``ladder`` shows the assist column even
     when every round passed unaided."""
     if fmt == "json":
+        refs = references(ep.scenario for ep in first_tries(episodes))
         return json.dumps({"summary": verdict_counts(episodes),
                            "statistics": summarize(episodes).to_dict(),
-                           "episodes": [ep.to_dict() for ep in episodes]}, indent=2)
+                           "reference": [r.to_dict() for r in refs],
+                           "episodes": [{**ep.to_dict(), "repair": repair_of(ep)}
+                                        for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
     extra, cells = _graded(episodes, ladder)
     # A matrix bench (episodes of several arms) leads with the model and protocol of each row.
@@ -94,7 +130,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     table = tabulate(rows, headers=lead + HEADERS + extra, tablefmt=tablefmt,
                      # the graded cells are formatted already ("1.00" must not become 1)
                      disable_numparse=list(range(first, first + len(extra))))
-    lines = [table, "", summary_line(episodes)]
+    lines = [table, "", summary_line(episodes), *headline_lines(episodes)]
     if (speed := model_speed(episodes)) is not None:
         p, g = speed
         lines.append(f"model speed: prompt {p:.0f} tok/s, generation {g:.1f} tok/s (mean of runs)")
@@ -103,6 +139,29 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     if why:
         lines += ["", "not scored:"] + why
     return "\n".join(lines)
+
+
+def unsafe_text(s: Summary) -> str:
+    """The unsafe-fix rate as every table shows it, ``0.20 [0.06, 0.51] (2 of 10)``; for runs
+    recorded before rules 3, which never judged it, ``not judged (before rules 3)``, never a 0."""
+    if not s.judged:
+        return "not judged (before rules 3)"
+    return f"{ci_text(s.unsafe_rate, s.unsafe_rate_ci)} ({s.unsafe_fixes} of {s.judged})"
+
+
+def headline_lines(episodes: Sequence[Episode]) -> list[str]:
+    """Under the episodes table: the repair score of the first tries, with the committed noop's
+    and oracle's beside it (:mod:`runner.app.reference`), and the unsafe-fix rate."""
+    scored = first_tries(episodes)
+    if not scored:
+        return []
+    o = summarize(episodes).overall
+    level = f"{CONFIDENCE:.0%}"
+    return [f"repair score of the first tries [{level} CI]: "
+            f"{ci_text(o.mean_repair, o.mean_repair_ci)} (0 for doing nothing, 1 for the oracle)",
+            reference_text(references(ep.scenario for ep in scored),
+                           len({ep.scenario for ep in scored})),
+            f"unsafe fixes of the first tries [{level} CI]: {unsafe_text(o)}"]
 
 
 def render_rows(headers: list[str], rows: list[list[Any]], fmt: str = "github") -> str:
@@ -152,7 +211,8 @@ def _runs(s: Summary) -> str:
 
 def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     """Per scenario and overall: runs, pass@1 with its Wilson interval, pass@k for k = n,
-    and the mean score with its bootstrap interval (the numbers of ``stats.summarize``); with
+    the repair score and the mean score with their bootstrap intervals, the unsafe-fix rate
+    with its Wilson interval (the numbers of ``stats.summarize``); with
     hints, the rounds solved at any level and the mean assist (lowest passing level) of those."""
     if fmt == "json":
         return json.dumps(summarize(episodes).to_dict(), indent=2)
@@ -176,11 +236,17 @@ def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[s
 
     level = f"{st.confidence:.0%}"
     headers = ["scenario", "runs", f"pass@1 [{level} CI]", f"pass@{common}" if common else "pass@n",
-               f"mean score [{level} CI]"]
+               f"repair [{level} CI]", f"unsafe fixes [{level} CI]", f"mean score [{level} CI]"]
+
+    def unsafe(s: Summary) -> str:  # per scenario a dash; the overall row says why
+        return unsafe_text(s) if s.judged or s.scenario is None else "-"
+
     rows = [[printable(s.scenario or ""), _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci), at_k(s),
+             ci_text(s.mean_repair, s.mean_repair_ci), unsafe(s),
              ci_text(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
     o = st.overall
     rows.append(["overall", _runs(o), ci_text(o.pass_at_1, o.pass_at_1_ci), at_k(o),
+                 ci_text(o.mean_repair, o.mean_repair_ci), unsafe(o),
                  ci_text(o.mean_score, o.mean_score_ci)])
     every = [*st.scenarios, o]
     if any(s.mean_milestones is not None for s in every):

@@ -210,12 +210,15 @@ def repair_score(ep: Episode, weights: Mapping[str, float] | None = None) -> flo
     None when nothing says what the fault broke: no probe failed at the pre-check (the fault
     did not land, or no pre-check ran) or the run ended before the post-check (no ``probes``).
     """
-    broken = [r["name"] for r in ep.precheck if r.get("outcome") == ProbeOutcome.FAIL.value]
+    # A verdict line read back is a file someone handed over: what is not a probe's result
+    # (not an object) is no probe, and a name is compared as text.
+    broken = [str(r.get("name")) for r in ep.precheck
+              if isinstance(r, Mapping) and r.get("outcome") == ProbeOutcome.FAIL.value]
     if not broken or not ep.probes:
         return None
     if ep.commands == 0:
         return 0.0
-    end = {r["name"]: r.get("outcome") for r in ep.probes}
+    end = {str(r.get("name")): r.get("outcome") for r in ep.probes if isinstance(r, Mapping)}
     fixed = [name for name in broken if end.get(name) == ProbeOutcome.PASS.value]
     if not fixed or len(fixed) == len(broken):  # all or nothing: the weights do not matter
         share = float(len(fixed) == len(broken))

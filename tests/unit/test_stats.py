@@ -494,3 +494,12 @@ def test_on_the_committed_runs_the_repair_score_separates_the_models_where_the_s
     assert c.winner == "b"
     # and noop against each model: the 0.5B is indistinguishable from doing nothing
     assert compare(noop, small).winner == "" and compare(noop, large).winner == "b"
+
+
+def test_a_verdict_line_handed_over_with_odd_probe_entries_gives_a_repair_score_not_a_crash() -> None:
+    # results.json and cassettes are files someone handed over: an entry that is not an object
+    # is no probe, and a name that is not text is compared as text
+    ep = _ep("x", "fail", commands=2,
+             precheck=[1, "p", {"name": ["a"], "outcome": "fail"}, {"name": "b", "outcome": "fail"}],
+             probes=[None, {"name": ["a"], "outcome": "pass"}, {"name": "b", "outcome": "fail"}])
+    assert repair_of(ep) == 0.5
