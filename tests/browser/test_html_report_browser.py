@@ -150,6 +150,15 @@ def test_report_of_committed_runs_reads_and_folds_in_chromium(
     assert _shown(driver) == 0
     driver.find_element(By.ID, "f-reset").click()
     assert _shown(driver) == oracles + 3
+    # every committed episode predates rules 3: not judged for unsafe fixes, none "no"
+    _filter(driver, "f-unsafe", "not judged (before rules 3)")
+    assert _shown(driver) == oracles + 3
+    driver.find_element(By.ID, "f-reset").click()
+    _filter(driver, "f-sort", "repair, highest first")
+    for group in driver.find_elements(By.CSS_SELECTOR, "div.episodes"):
+        repairs = [float(e.get_dom_attribute("data-repair"))
+                   for e in group.find_elements(By.CSS_SELECTOR, "details.episode")]
+        assert repairs == sorted(repairs, reverse=True), repairs
     _filter(driver, "f-sort", "turns, most first")
     for group in driver.find_elements(By.CSS_SELECTOR, "div.episodes"):  # each run sorted in place
         turns = [int(e.get_dom_attribute("data-turns"))

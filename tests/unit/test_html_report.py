@@ -10,6 +10,7 @@ nothing is added to the page, the title stays the report's.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -287,3 +288,49 @@ def test_the_ladder_is_a_figure_of_its_own_from_the_rounds_assists(tmp_path: Pat
     oracle = html_report.runs_from_cassettes([repo_root() / "recordings" / "oracle" / "nginx-stopped.jsonl"])
     assert ladder_curve(oracle[0]) == [1.0]
     assert "The ladder: rounds solved with at most k hints" not in [p.title for p in plots(oracle) or []]
+
+
+# --- the repair score, unsafe fixes and the state diff's findings -------------------------------
+
+HOSTILE_ITEM = '<script>alert(1)</script>\x1b]0;owned\x07 tcp 0.0.0.0:4444 "onmouseover=x'
+
+
+def _judged_cassette(tmp_path: Path, source: Path, **verdict: object) -> Path:
+    """A copy of a committed cassette whose verdict line says what rules 3 judged (``verdict``
+    merged in): the page reads it as it reads any cassette handed over."""
+    lines = source.read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["type"] == "verdict"
+    last.update(verdict)
+    out = tmp_path / source.name
+    out.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+    return out
+
+
+def test_the_repair_score_and_unsafe_fixes_get_a_column_a_filter_and_the_findings_a_table(
+        tmp_path: Path) -> None:
+    finding = {"check": "listening", "item": HOSTILE_ITEM, "detail": "<b>new</b> listener",
+               "severity": "flag", "source": "the kernel's socket table"}
+    judged = _judged_cassette(tmp_path, ORACLE / "rogue-port-80.jsonl", symptom_fixed=True,
+                              findings=[finding], flags=["left-behind"], unsafe_fix=True)
+    page = html_report.render(html_report.runs_from_cassettes([judged]))
+    # the columns: repair (the oracle repaired all of it) and unsafe fix
+    assert '<th class="num">repair</th>' in page and '<th class="num">unsafe fix</th>' in page
+    assert '<td class="num">1.00</td><td class="num">yes</td>' in page
+    # the filter offers what is there, by fixed words, and the episode carries its value
+    assert '<select id="f-unsafe"><option value="">any</option><option value="yes">fixed ' \
+           'unsafely</option></select>' in page
+    assert 'data-unsafe="yes"' in page and 'data-repair="1.000000"' in page
+    # the finding is listed in the detail view, its text escaped and stripped of escapes
+    assert "The state diff: what the agent left on the machine" in page
+    assert "<script>alert" not in page and "\x1b" not in page and "\x07" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;b&gt;new&lt;/b&gt;" in page
+    assert "the kernel&#39;s socket table" in page
+    assert "<p class=\"muted\">unsafe fix: yes</p>" in page and "<p class=\"muted\">repair: 1.00" in page
+    # beside it, the committed noop and oracle over the same scenario
+    assert "noop repair 0.00, pass@1 0.00" in page and "oracle repair 1.00, pass@1 1.00" in page
+    # a run of rules 2 was never judged: the filter says so, the cell is a dash, not "no"
+    old = html_report.render(html_report.runs_from_cassettes([LIVE_JSON / "rogue-port-80.r0.jsonl"]))
+    assert '<option value="unjudged">not judged (before rules 3)</option>' in old
+    assert 'data-unsafe="unjudged"' in old and '<th class="num">unsafe fix</th>' not in old
+    assert "The state diff:" not in old

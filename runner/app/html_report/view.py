@@ -24,9 +24,10 @@ from typing import Any
 from runner.app import compare as _compare
 from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
-from runner.app.report import GRADED_COLUMNS, statistics_rows
+from runner.app.reference import reference_text, references
+from runner.app.report import DERIVED_COLUMNS, GRADED_COLUMNS, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
-from runner.app.stats import compare, deciding, score_of, verdict_counts
+from runner.app.stats import compare, deciding, first_tries, repair_of, score_of, verdict_counts
 from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
@@ -88,6 +89,28 @@ class EpisodeView:
         """Probe results (``probes``, ``invariants``, ``precheck``, ``baseline``) as text."""
         return [{k: text(as_dict(p).get(k)) for k in ("name", "kind", "outcome", "detail")}
                 for p in as_list(self.data.get(key))]
+
+    @property
+    def findings(self) -> list[dict[str, str]]:
+        """The state diff's findings (rules 3: what the agent left on the machine), each field
+        as text: the guest named the items, so they are shown like its output, never as markup."""
+        return [{k: text(as_dict(f).get(k)) for k in FINDING_FIELDS}
+                for f in as_list(self.data.get("findings"))]
+
+    @property
+    def repair(self) -> float | None:
+        """The repair score (:func:`runner.app.stats.repair_of`); None without a verdict."""
+        return repair_of(self.result) if self.result is not None else None
+
+    @property
+    def unsafe_fix(self) -> str:
+        """``yes`` or ``no`` for a run judged for safety (rules 3), else ``not judged``."""
+        judged = self.result.unsafe_fix if self.result is not None else None
+        return "not judged" if judged is None else ("yes" if judged else "no")
+
+
+# The fields of a state-diff finding (runner.core.statediff.Finding.to_dict), in table order.
+FINDING_FIELDS = ("check", "item", "detail", "severity", "source")
 
 
 @dataclass
@@ -338,7 +361,16 @@ def _cell(key: str, value: Any) -> str:
     return _fmt(value)
 
 
-def _row(ep: EpisodeView, optional: list[tuple[str, str]]) -> dict[str, Any]:
+def _derived_columns(runs: Sequence[RunView]) -> list[tuple[str, Any]]:
+    """The derived columns (:data:`runner.app.report.DERIVED_COLUMNS`: repair, unsafe fix) any
+    episode has a value in, with the function that gives an episode's cell."""
+    results = [ep.result for run in runs for ep in run.episodes if ep.result is not None]
+    return [(title, cell) for title, cell in DERIVED_COLUMNS
+            if any(cell(r) is not None for r in results)]
+
+
+def _row(ep: EpisodeView, optional: list[tuple[str, str]],
+         derived: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
     tokens_in, tokens_out = integer(ep.get("tokens_in")), integer(ep.get("tokens_out"))
     return {
         "scenario": ep.scenario, "round": ep.round + 1, "verdict": ep.verdict,
@@ -347,7 +379,9 @@ def _row(ep: EpisodeView, optional: list[tuple[str, str]]) -> dict[str, Any]:
         "repeats": integer(ep.get("repeats")),
         "seconds": f"{num(ep.get('seconds')) or 0.0:.1f}",
         "tokens": f"{tokens_in} / {tokens_out}" if tokens_in or tokens_out else "-",
-        "extra": [_cell(key, ep.get(key)) for key, _title in optional],
+        "extra": [*((cell(ep.result) if ep.result is not None else None) or "-"
+                    for _title, cell in derived),
+                  *(_cell(key, ep.get(key)) for key, _title in optional)],
         "reason": head(text(ep.get("reason")), 160), "anchor": ep.anchor,
     }
 
@@ -389,9 +423,16 @@ def _heatmap(runs: Sequence[RunView]) -> dict[str, Any]:
 
 def extra_fields(ep: EpisodeView) -> list[tuple[str, str]]:
     """Fields other parts of the harness add to an episode (score, milestones, ...), as text."""
-    out = [(text(key).replace("_", " "), _cell(key, ep.get(key)))
-           for key in ("hint_level", *GRADED_FIELDS)
-           if ep.get(key) is not None and ep.get(key) is not False and ep.get(key) not in ([], {})]
+    out = []
+    if ep.repair is not None:
+        out.append(("repair", f"{ep.repair:.2f}"))
+    if ep.unsafe_fix != "not judged":
+        out.append(("unsafe fix", ep.unsafe_fix))
+    out += [(text(key).replace("_", " "), _cell(key, ep.get(key)))
+            for key in ("hint_level", *GRADED_FIELDS)
+            if key != "findings"  # a table of their own (EpisodeView.findings)
+            and ep.get(key) is not None and ep.get(key) is not False
+            and ep.get(key) not in ([], {})]
     if phases := phases_text(ep.get("phases")):
         out.append(("phases", phases))
     return out
@@ -417,6 +458,7 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
             ep.anchor = f"run{i}-ep{j}"
     filters = _facets(runs)
     optional = _optional_columns(runs)
+    derived = _derived_columns(runs)
     views = []
     for run in runs:
         facts = _facts(run)
@@ -425,11 +467,13 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
             "hinted": any(ep.hint_level for ep in run.episodes),
             "facts": [(k, v) for k, v in facts if not k.startswith(FINGERPRINT)],
             "fingerprint": [(k[len(FINGERPRINT):], v) for k, v in facts if k.startswith(FINGERPRINT)],
-            "rows": [_row(ep, optional) for ep in run.episodes],
+            "rows": [_row(ep, optional, derived) for ep in run.episodes],
             "episodes": run.episodes,
         })
-    return {"runs": views, "optional": [t for _k, t in optional], "heatmap": _heatmap(runs),
-            "verdicts": verdicts(runs), "filters": filters,
+    ran = [ep.scenario for run in runs for ep in first_tries(_results(run))]
+    return {"runs": views, "optional": [t for t, _c in derived] + [t for _k, t in optional],
+            "heatmap": _heatmap(runs), "verdicts": verdicts(runs), "filters": filters,
+            "reference": reference_text(references(ran), len(set(ran))) if ran else "",
             "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields,
             "fixed_turn": fixed_turn}
 
@@ -487,6 +531,10 @@ def fixed_turn(ep: EpisodeView) -> int | None:
 
 # Verdicts as the filter names them: a fixed list, so no text of a file reaches an attribute.
 FILTER_VERDICTS = (*(v.value for v in Verdict), "incomplete")
+# The unsafe-fix filter's values (EpisodeView.unsafe_fix, as fixed words) and their titles.
+FILTER_UNSAFE = {"yes": "yes", "no": "no", "not judged": "unjudged"}
+FILTER_UNSAFE_TITLES = (("yes", "fixed unsafely"), ("no", "not unsafe"),
+                        ("unjudged", "not judged (before rules 3)"))
 
 
 def _facets(runs: Sequence[RunView]) -> dict[str, Any]:
@@ -498,16 +546,23 @@ def _facets(runs: Sequence[RunView]) -> dict[str, Any]:
     levels = sorted({ep.hint_level for run in runs for ep in run.episodes})
     s_index, t_index = {s: i for i, s in enumerate(scenarios)}, {t: i for i, t in enumerate(tags)}
     present: set[str] = set()
+    judged: set[str] = set()
     for r, run in enumerate(runs):
         for i, ep in enumerate(run.episodes):
             verdict = ep.verdict if ep.verdict in FILTER_VERDICTS else "incomplete"
             present.add(verdict)
             score = score_of(ep.result) if ep.result is not None else None
+            repair = ep.repair
+            unsafe = FILTER_UNSAFE[ep.unsafe_fix]
+            judged.add(unsafe)
             ep.facets = {"verdict": verdict, "scenario": str(s_index[ep.scenario]), "run": str(r),
                          "level": str(ep.hint_level), "i": str(i),
                          "tags": " ".join(str(t_index[f]) for f in ep.flags if f in t_index),
                          "score": f"{score:.6f}" if score is not None else "-1",
+                         "repair": f"{repair:.6f}" if repair is not None else "-1",
+                         "unsafe": unsafe,
                          "seconds": f"{ep.seconds:.3f}", "turns": str(ep.turns)}
     return {"verdicts": [v for v in FILTER_VERDICTS if v in present],
+            "unsafe": [(v, title) for v, title in FILTER_UNSAFE_TITLES if v in judged],
             "scenarios": list(enumerate(scenarios)), "tags": list(enumerate(tags)),
             "runs": [(i, run.label) for i, run in enumerate(runs)], "levels": levels}

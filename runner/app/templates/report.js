@@ -9,7 +9,7 @@
   var field = function (id) { return document.getElementById(id); };
   var search = field("f-search"), verdict = field("f-verdict"), scenario = field("f-scenario"),
       tag = field("f-tag"), run = field("f-run"), level = field("f-level"), order = field("f-sort"),
-      count = field("f-count");
+      unsafe = field("f-unsafe"), count = field("f-count");
   var episodes = Array.prototype.slice.call(document.querySelectorAll("details.episode[data-ep]"));
   var rows = Array.prototype.slice.call(document.querySelectorAll("tr[data-ep]"));
   var texts = {};
@@ -21,6 +21,7 @@
       (!scenario.value || d.scenario === scenario.value) &&
       (!run.value || d.run === run.value) &&
       (!level.value || d.level === level.value) &&
+      (!unsafe.value || d.unsafe === unsafe.value) &&
       (!tag.value || (" " + d.tags + " ").indexOf(" " + tag.value + " ") >= 0) &&
       (!words || texts[el.id].indexOf(words) >= 0);
   }
@@ -59,12 +60,12 @@
     count.textContent = "showing " + n + " of " + episodes.length + " episodes";
   }
 
-  [search, verdict, scenario, tag, run, level, order].forEach(function (el) {
+  [search, verdict, scenario, tag, run, level, unsafe, order].forEach(function (el) {
     el.addEventListener(el === search ? "input" : "change", apply);
   });
   field("f-reset").addEventListener("click", function () {
     search.value = "";
-    [verdict, scenario, tag, run, level, order].forEach(function (el) { el.value = ""; });
+    [verdict, scenario, tag, run, level, unsafe, order].forEach(function (el) { el.value = ""; });
     apply();
   });
   bar.hidden = false;
