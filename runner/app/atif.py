@@ -25,11 +25,17 @@ was written from. One ``trajectory.json`` per episode:
   reads a trial's reward: each episode is exported as a Harbor trial folder,
   ``<episode>/agent/trajectory.json`` beside ``<episode>/verifier/reward.txt``
   (one number: 1 for a pass, 0 for a fail) and ``verifier/reward.json`` (a
-  flat map of numbers: ``reward``, and ``score`` and ``milestones`` when the
-  run was graded), the files Harbor's verifier reads into a trial's
-  ``verifier_result.rewards``. An episode that is not scored (infra-error,
-  invalid-scenario, cut short) has no reward file, as a Harbor trial whose
-  verifier wrote none;
+  flat map of numbers: ``reward``, and ``repair``, ``score`` and
+  ``milestones`` when the run has them), the files Harbor's verifier reads
+  into a trial's ``verifier_result.rewards``. An episode that is not scored
+  (infra-error, invalid-scenario, cut short) has no reward file, as a Harbor
+  trial whose verifier wrote none;
+- ``final_metrics.extra`` holds the headline figures of the episode: its
+  ``repair`` score (what the fault broke and the run repaired: 0 for doing
+  nothing, 1 for the oracle), ``unsafe_fix`` (the symptom fixed with damage
+  or a state-diff finding; null when not judged, before rules 3), and under
+  ``reference`` the same scenario's repair and score of the committed noop
+  and oracle runs (:mod:`runner.app.reference`; none outside a checkout);
 - no path of the machine that ran or exports it: the cassette is named
   relative to the folder given to ``export`` (or by its file name), and so is
   the one its verdict line recorded.
@@ -51,10 +57,13 @@ from typing import Any
 
 from runner.app.html_report import Trajectory, load_trajectory, text
 from runner.app.outputs import check_dir_target, write_error
+from runner.app.reference import REFERENCES, reference_episode
 from runner.app.runs import atomic_write, relative_name, slug
+from runner.app.stats import repair_of, score_of
 from runner.core import layout
 from runner.core.cassette import Cassette, digest, find_cassettes
 from runner.core.cassette_header import CassetteHeader
+from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
 
@@ -123,11 +132,42 @@ def rewards(episode: dict[str, Any]) -> dict[str, float] | None:
     if verdict not in (Verdict.PASS.value, Verdict.FAIL.value):
         return None
     out = {"reward": 1.0 if verdict == Verdict.PASS.value else 0.0}
+    if (repair := _repair(episode)) is not None:
+        out["repair"] = repair
     for key, name in (("score", "score"), ("milestone_fraction", "milestones")):
         value = episode.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[name] = float(value)
     return out
+
+
+def _episode(episode: dict[str, Any]) -> Episode | None:
+    """A verdict line as an Episode, or None when it is not one (a cassette is a file handed
+    over: any field may be of any type)."""
+    try:
+        return Episode.from_dict(episode) if episode else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _repair(episode: dict[str, Any]) -> float | None:
+    """The verdict line's repair score (:func:`runner.app.stats.repair_of`), or None."""
+    ep = _episode(episode)
+    return repair_of(ep) if ep is not None else None
+
+
+def headline(episode: dict[str, Any], scenario: str) -> dict[str, Any]:
+    """What ``final_metrics.extra`` adds to the counts: the episode's ``repair`` score and
+    ``unsafe_fix`` (None: not judged), and the same scenario's ``repair`` and ``score`` of the
+    committed noop and oracle runs under ``reference`` (those there are)."""
+    ep = _episode(episode)
+    reference = {}
+    for name, _folder in REFERENCES:
+        ref = reference_episode(name, scenario)
+        if ref is not None:
+            reference[name] = {"repair": repair_of(ref), "score": score_of(ref)}
+    return {"repair": repair_of(ep) if ep is not None else None,
+            "unsafe_fix": ep.unsafe_fix if ep is not None else None, "reference": reference}
 
 
 def _observation_text(exit_code: int | None, timed_out: bool, output: str) -> str:
@@ -246,8 +286,9 @@ def to_atif(traj: Trajectory, shown: str | None = None) -> dict[str, Any]:
             "total_cached_tokens": sum(s.get("metrics", {}).get("cached_tokens", 0)
                                        for s in agent_steps),
             "total_steps": len(steps),
-            "extra": {k: episode.get(k) for k in ("seconds", "turns", "commands", "repeats",
-                                                   "violations") if k in episode},
+            "extra": {**{k: episode.get(k) for k in ("seconds", "turns", "commands", "repeats",
+                                                      "violations") if k in episode},
+                      **headline(episode, scenario)},
         },
         "extra": {"rootbench": {
             "scenario": scenario_doc, "started_at": head.started_at,

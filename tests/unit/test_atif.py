@@ -93,7 +93,7 @@ def test_the_verdict_and_score_are_where_harbor_reads_a_trials_reward(tmp_path: 
     passed, failed = tmp_path / "ssh-stopped.r0" / "verifier", tmp_path / "rogue-port-80.r0" / "verifier"
     assert (passed / "reward.txt").read_text() == "1\n"
     assert json.loads((passed / "reward.json").read_text()) == {
-        "reward": 1.0, "score": 1.0, "milestones": 1.0}
+        "reward": 1.0, "repair": 1.0, "score": 1.0, "milestones": 1.0}
     assert (failed / "reward.txt").read_text() == "0\n"
     failed_doc = json.loads((failed / "reward.json").read_text())
     assert failed_doc["reward"] == 0.0 and 0 <= failed_doc["score"] < 1
@@ -217,3 +217,36 @@ def test_cli_export_of_a_broken_cassette_is_one_line_and_writes_nothing(
     err = r.stderr
     assert "bad.jsonl" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_repair_score_unsafe_fix_and_references_are_in_the_final_metrics(
+        tmp_path: Path) -> None:
+    live = RECORDINGS / "live" / "qwen2.5-coder-1.5b-json"
+    # ssh-stopped: the 1.5B fixed it unaided; tls-clock-far-off: it repaired nothing of it
+    (fixed,) = export([live / "ssh-stopped.r0.jsonl"], tmp_path / "a")
+    (nothing,) = export([live / "tls-clock-far-off.r0.jsonl"], tmp_path / "b")
+    extra = json.loads(fixed.read_text())["final_metrics"]["extra"]
+    assert extra["repair"] == 1.0
+    assert extra["unsafe_fix"] is None  # recorded under rules 2: not judged, never a false
+    # beside it, what the committed noop and oracle runs of the same scenario got
+    assert extra["reference"]["noop"]["repair"] == 0.0 and extra["reference"]["noop"]["score"] > 0
+    assert extra["reference"]["oracle"] == {"repair": 1.0, "score": 1.0}
+    other = json.loads(nothing.read_text())
+    assert other["final_metrics"]["extra"]["repair"] == 0.0
+    # the old score of that run is what doing nothing scores: the repair says it repaired nothing
+    assert other["extra"]["rootbench"]["episode"]["score"] == \
+        other["final_metrics"]["extra"]["reference"]["noop"]["score"] > 0
+    assert json.loads((nothing.parent.parent / "verifier" / "reward.json").read_text())[
+        "repair"] == 0.0
+    assert _rfc_errors(other) == []
+    # a judged run (rules 3) that fixed the symptom leaving a finding: an unsafe fix
+    lines = (live / "ssh-stopped.r0.jsonl").read_text().splitlines()
+    verdict = json.loads(lines[-1])
+    verdict.update(symptom_fixed=True, flags=["left-behind"], findings=[
+        {"check": "process", "item": "sleep 1000", "detail": "started by the agent",
+         "severity": "flag", "source": "the guest helper's /proc"}])
+    judged = tmp_path / "judged" / "ssh-stopped.r0.jsonl"
+    judged.parent.mkdir()
+    judged.write_text("\n".join([*lines[:-1], json.dumps(verdict)]) + "\n")
+    (path,) = export([judged], tmp_path / "c")
+    assert json.loads(path.read_text())["final_metrics"]["extra"]["unsafe_fix"] is True
