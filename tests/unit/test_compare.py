@@ -139,6 +139,7 @@ def test_the_published_statistics_rows_are_what_report_computes_today(cli: Cli,
     assert row["mean assist [95 % CI]"] == ("-" if o["mean_assist"] is None
                                             else _ci(o["mean_assist"], o["mean_assist_ci"]))
     assert row["mean score [95 % CI]"] == _ci(o["mean_score"], o["mean_score_ci"])
+    assert row["repair score [95 % CI]"] == _ci(o["mean_repair"], o["mean_repair_ci"])
     assert row["milestones (first tries)"] == f"{o['mean_milestones']:.2f}"
     assert row["median time to fix"] == (
         "- (never fixed)" if not o["fixed"] else
@@ -193,6 +194,25 @@ def test_the_readme_results_at_a_glance_are_what_report_computes_today(model: st
     (row,) = [ln for ln in lines if ln.startswith(f"| {model} |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == [
-        model, _ci(o["pass_at_1"], o["pass_at_1_ci"]), f"{o['solved']} of {o['scored']}",
+        model, _ci(o["pass_at_1"], o["pass_at_1_ci"]), _ci(o["mean_repair"], o["mean_repair_ci"]),
+        "not judged (before rules 3)", f"{o['solved']} of {o['scored']}",
         "-" if o["mean_assist"] is None else _ci(o["mean_assist"], o["mean_assist_ci"]),
         _ci(o["mean_score"], o["mean_score_ci"])]
+
+
+@pytest.mark.parametrize("reference", ["noop", "oracle"])
+def test_the_readmes_reference_rows_are_what_report_computes_on_the_committed_baselines(
+        reference: str) -> None:
+    """Beside the models, the README shows noop's and the oracle's overall row of ``report``:
+    the repair score reads against 0 for doing nothing and 1 for the oracle."""
+    folder = {"noop": "recordings/oracle/noop", "oracle": "recordings/oracle"}[reference]
+    r = run_cli("report", folder, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)["statistics"]["overall"]
+    assert o["mean_repair"] == (0.0 if reference == "noop" else 1.0)
+    lines = (repo_root() / "README.md").read_text().splitlines()
+    (row,) = [ln for ln in lines if ln.startswith(f"| {reference} (reference) |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [f"{reference} (reference)", _ci(o["pass_at_1"], o["pass_at_1_ci"]),
+                     _ci(o["mean_repair"], o["mean_repair_ci"]), "not judged (before rules 3)",
+                     "-", "-", _ci(o["mean_score"], o["mean_score_ci"])]
