@@ -863,6 +863,8 @@ def cmd_results(args: argparse.Namespace) -> int:
     """The results block on stdout, or written into / checked against a file (``--write``,
     ``--check``). A label that breaks the measured cap (hard, yet passed unaided) is one line
     each on stderr; with ``--check`` it, or a block that differs, makes the exit 1."""
+    if args.write:  # before any work: a target that cannot be written costs none
+        check_file_target(Path(args.write), "--write")
     specs = [_specs_dir(d) for d in args.specs] if args.specs else default_spec_dirs()
     found = results.gather(results.live_dirs(args.paths), specs)
     block = results.render_block(found)

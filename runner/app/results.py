@@ -15,33 +15,42 @@ bundled model's ladder run each) and the specs, then:
 says in one line when FILE's block is not what the recordings give, and one line per scenario
 whose label disagrees with its measured tier. A README cannot then drift from its recordings
 unnoticed (``tests/unit/test_results.py`` runs the check on the committed one).
+
+The run folders may be contributed, so what they hold is never trusted: a cassette that
+results.json names is read only inside its run folder (:func:`runner.core.paths.contained`),
+every name from a recording lands in the block as one escaped line
+(:func:`runner.core.text.md_cell`), and the file ``--write``/``--check`` reads is a regular
+file of a bounded size (:func:`runner.core.paths.read_regular`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
-from runner.app.reference import references
-from runner.app.report import ci_text, unsafe_text
+from runner.app.report import ci_text
 from runner.app.runs import shown_path
 from runner.app.stats import Summary, assists, compare, hinted, summarize
 from runner.backends.llama import MODELS
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
+from runner.core.layout import CASSETTES, RESULTS
 from runner.core.outcomes import Tier
+from runner.core.paths import contained, read_regular
 from runner.core.spec import Scenario, check_specs
-from runner.core.text import printable
+from runner.core.text import md_cell, md_code, one_line
 from runner.core.tiers import measured_tier
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 DEFAULT_LIVE = Path("recordings/live")
 MEASURED = (Tier.EASY, Tier.MEDIUM, Tier.HARD)
+MAX_MARKDOWN_BYTES = 16 * 1024 * 1024  # the README is ~40 KB; a file past this is not one
 
 
 @dataclass(frozen=True)
@@ -107,12 +116,22 @@ def _specs(spec_dirs: Sequence[Path]) -> list[tuple[Scenario, Path]]:
 
 def _recorded_hash(run: Run, ep: Episode) -> str | None:
     """The spec hash in the header of the episode's cassette when the folder holds it (a
-    recordings folder always does; a run directory under ``cassettes/``), else None."""
+    recordings folder always does; a run directory under ``cassettes/``), else None.
+
+    The cassette's name is the run folder's (results.json's ``cassette``): one that resolves
+    outside the folder (``../x``, a symlink out of ``cassettes/``) is bad input and never
+    opened, as the HTML report never opens it."""
     if not ep.cassette:
         return None
-    for where in (run.path / ep.cassette, run.path / "cassettes" / ep.cassette):
-        if where.is_file():
-            return Cassette.load(where).head.spec_hash
+    for where in (run.path / ep.cassette, run.path / CASSETTES / ep.cassette):
+        if not where.is_file():
+            continue
+        if contained(where, run.path) is None:
+            raise InvalidInput(f"the cassette {one_line(ep.cassette, 120)!r} is outside the run "
+                               "directory (not read)",
+                               path=str(run.path / RESULTS) if (run.path / RESULTS).is_file()
+                               else str(run.path), field="cassette")
+        return Cassette.load(where).head.spec_hash
     return None
 
 
@@ -136,7 +155,7 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
             spec = by_id.get(ep.scenario)
             if spec is None:
                 where = run.path / ep.cassette if ep.cassette else run.path
-                raise InvalidInput(f"a run of {printable(ep.scenario)!r}, which no spec under "
+                raise InvalidInput(f"a run of {one_line(ep.scenario, 80)!r}, which no spec under "
                                    f"{', '.join(map(str, spec_dirs))} has", path=str(where),
                                    field="scenario")
             if ep.model not in models:
@@ -157,35 +176,26 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
 
 def _names(runs: Sequence[Run]) -> list[str]:
     """What each run's row is called: its model, or its label (model and protocol) when two
-    runs would share a name."""
-    models = [",".join(dict.fromkeys(printable(ep.model) for ep in r.episodes)) or r.label
+    runs would share a name; one line each, escaped for Markdown (:func:`md_cell`), since the
+    names are the recordings' and land in table cells and sentences."""
+    models = [md_cell(",".join(dict.fromkeys(ep.model for ep in r.episodes)) or r.label)
               for r in runs]
-    return [m if models.count(m) == 1 else r.label for m, r in zip(models, runs, strict=True)]
+    return [m if models.count(m) == 1 else md_cell(r.label)
+            for m, r in zip(models, runs, strict=True)]
 
 
 def _solved(s: Summary) -> str:
     return "-" if s.solved is None else f"{s.solved} of {s.scored}"
 
 
-def _model_row(name: str, o: Summary) -> list[str]:
-    return [name, ci_text(o.pass_at_1, o.pass_at_1_ci), ci_text(o.mean_repair, o.mean_repair_ci),
-            unsafe_text(o), _solved(o), ci_text(o.mean_assist, o.mean_assist_ci),
-            ci_text(o.mean_score, o.mean_score_ci)]
-
-
 def _model_table(results: Results) -> str:
-    """Per run its overall row of ``report``, and under them the same row of the committed noop
-    and oracle runs over the scenarios the runs ran (:mod:`runner.app.reference`): the repair
-    score, the headline, is read against doing nothing (0) and the oracle (1)."""
-    rows = [_model_row(name, summarize(run.episodes).overall)
-            for name, run in zip(_names(results.runs), results.runs, strict=True)]
-    ran = [ep.scenario for r in results.runs for ep in r.episodes if ep.verdict.scored]
-    rows += [_model_row(f"{ref.name} (reference)", ref.summary) for ref in references(ran)]
-    return _md(["model", "pass@1 at level 0 [95 % CI]", "repair score [95 % CI]",
-                "unsafe fixes [95 % CI]", "solved with hints", "mean assist [95 % CI]",
-                "mean score [95 % CI]"], rows)
-
-
+    rows = []
+    for name, run in zip(_names(results.runs), results.runs, strict=True):
+        o = summarize(run.episodes).overall
+        rows.append([name, ci_text(o.pass_at_1, o.pass_at_1_ci), _solved(o),
+                     ci_text(o.mean_assist, o.mean_assist_ci), ci_text(o.mean_score, o.mean_score_ci)])
+    return _md(["model", "pass@1 at level 0 [95 % CI]", "solved with hints",
+                "mean assist [95 % CI]", "mean score [95 % CI]"], rows)
 
 
 def _compare_lines(results: Results) -> list[str]:
@@ -195,22 +205,16 @@ def _compare_lines(results: Results) -> list[str]:
     if len(results.runs) < 2:
         return []
     names = _names(results.runs)
-    first = results.runs[0]
+    # the verdict lines name the runs by their labels, which are the recordings': escaped
+    runs = [dataclasses.replace(r, label=md_cell(r.label)) for r in results.runs]
+    first = runs[0]
     lines = ["", "`rootbench compare` of the first run with each other one (paired by "
                  "scenario, round and hint level):", ""]
-    for name, run in zip(names[1:], results.runs[1:], strict=True):
+    for name, run in zip(names[1:], runs[1:], strict=True):
         rc = RunComparison(first, run, compare(first.episodes, run.episodes))
         r = rc.result
         tests = [f"first tries, {r.pairs} pairs: only {names[0]} passed {r.a_only}, only "
                  f"{name} passed {r.b_only}, McNemar's exact p = {p_text(r.mcnemar_p)}"]
-        if r.repair_p is not None:
-            tests.append(f"repair scores, {r.repair_pairs} pairs: {names[0]} higher in "
-                         f"{r.a_repair_better}, {name} higher in {r.b_repair_better}, exact sign "
-                         f"test p = {p_text(r.repair_p)}")
-        if r.unsafe_p is not None:
-            tests.append(f"unsafe fixes, {r.unsafe_pairs} pairs judged on both sides: only "
-                         f"{names[0]} {r.a_unsafe_only}, only {name} {r.b_unsafe_only}, "
-                         f"McNemar's exact p = {p_text(r.unsafe_p)}")
         if r.solved_p is not None:
             tests.append(f"with hints, {r.solved_pairs} rounds, solved at any level: only "
                          f"{names[0]} {r.a_solved_only}, only {name} {r.b_solved_only}, "
@@ -240,7 +244,7 @@ def tag_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     rows = []
     for tag, members in sorted(tags.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         ids = {t.scenario.id for t in members}
-        row = [printable(tag), str(len(members)),
+        row = [md_cell(tag), str(len(members)),
                *(str(sum(t.tier is tier for t in members)) for tier in (*MEASURED, Tier.UNMEASURED))]
         for run in results.runs:
             # the assist of each round (stats.assists, as summarize counts them): 0 passed
@@ -260,8 +264,8 @@ def render_block(results: Results) -> str:
     """The text between the markers (without them): the model table, the tiers, the tags."""
     tiers = results.tiers
     counts = {tier: sum(t.tier is tier for t in tiers) for tier in Tier}
-    folders = ", ".join(f"`{shown_path(r.path)}`" for r in results.runs)
-    protocols = sorted({printable(ep.protocol) for r in results.runs for ep in r.episodes})
+    folders = ", ".join(md_code(shown_path(r.path)) for r in results.runs)
+    protocols = sorted({md_cell(ep.protocol, 60) for r in results.runs for ep in r.episodes})
     ladder = any(ep.hint_level for r in results.runs for ep in r.episodes)
     bundled = " and ".join(results.models)
     parts = [
@@ -270,11 +274,7 @@ def render_block(results: Results) -> str:
         "",
         f"From {folders} ({plural(len({ep.scenario for r in results.runs for ep in r.episodes}), 'scenario')}"
         f" run, protocol {', '.join(protocols) or '-'}{', hint ladder' if ladder else ''}); "
-        "each row is the overall row of `rootbench report` on its folder, the last two those of "
-        "the committed noop (runs no command) and oracle (each spec's solution) runs, "
-        "`recordings/oracle/noop` and `recordings/oracle`. The repair score (the headline) "
-        "counts only what the fault broke: 0 for doing nothing, 1 for the oracle; unsafe fixes "
-        "are judged from rules 3 on ([docs/reports.md](docs/reports.md)):",
+        "each row is the overall row of `rootbench report` on its folder:",
         "",
         _model_table(results),
         *_compare_lines(results),
@@ -330,12 +330,14 @@ def _split(text: str, path: Path) -> tuple[str, str, str]:
 
 
 def _read(path: Path) -> str:
+    """The text of the file to edit or check: a regular file of at most
+    :data:`MAX_MARKDOWN_BYTES`, checked before it is opened (``--write /dev/full`` is one line,
+    not a read that never ends)."""
+    raw = read_regular(path, MAX_MARKDOWN_BYTES)
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidInput("no such file", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"cannot read: {getattr(exc, 'strerror', None) or exc}",
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"cannot read: not UTF-8 text (byte {exc.start})",
                            path=str(path)) from None
 
 

@@ -16,6 +16,12 @@ of the guest's output (that text is part of every recorded request, so it is
 never changed here). Everything shown to a *person* (the terminal, tables,
 JUnit XML, the HTML report, ATIF) passes :func:`printable` or
 :func:`one_line`, which strip both kinds and make the text encodable.
+
+Text from a recording that lands in Markdown (the README's results block, a
+``--format github`` table) is one line *and* escaped for Markdown
+(:func:`md_cell`, :func:`md_code`): a model name holding a newline and
+``<!-- results:end -->``, a ``|``, a link or an HTML tag must stay that text,
+never become the file's structure.
 """
 
 from __future__ import annotations
@@ -117,3 +123,28 @@ def printable(text: str) -> str:
     """``text`` fit to show a person: control sequences and format characters stripped, and
     encodable (lone surrogates, as from a YAML ``"\\udc80"``, become ``?``)."""
     return neutralize(clean_text(text)).encode("utf-8", "replace").decode("utf-8")
+
+
+# Every ASCII character Markdown (CommonMark, GitHub's tables) or inline HTML reads as markup
+# anywhere in a line: a backslash before any ASCII punctuation makes it that character.
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|&~$])")
+
+
+def md_cell(text: str, limit: int = 200) -> str:
+    """``text`` as one line of Markdown text, fit for a table cell or a sentence: :func:`one_line`
+    (at most ``limit`` characters), then every character Markdown or HTML would read as markup
+    (``|`` a new cell, ``<`` a tag or comment, ``[`` a link, a backtick, emphasis, ``&`` an
+    entity, the backslash itself) backslash-escaped, so it shows as typed. Plain names
+    (``qwen2.5-coder-1.5b``, ``easy-tier``) come out unchanged."""
+    return _MARKDOWN.sub(r"\\\1", one_line(text, limit))
+
+
+def md_code(text: str, limit: int = 200) -> str:
+    """``text`` as a one-line Markdown code span (a folder name in prose): :func:`one_line`,
+    fenced by one backtick more than the longest run of them in it (Markdown's own rule, as
+    nothing inside a code span can be escaped), padded with a space when it holds any."""
+    body = one_line(text, limit)
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if longest else ""
+    return f"{fence}{pad}{body}{pad}{fence}"

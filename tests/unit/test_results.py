@@ -7,6 +7,8 @@ a few levels left out where a test needs a ladder that is not complete."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +16,9 @@ import pytest
 from conftest import Cli
 
 from runner.app import results
+from runner.app.runs import episodes_from_recordings, write_results
 from runner.core.episode import Episode
+from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Tier, Verdict
 from runner.core.paths import repo_root
 from runner.core.spec import load_specs
@@ -184,15 +188,7 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     assert r.returncode == 0, r.stderr
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
-    assert "\nold\n" not in text
-    # pass@1, then the repair score (the 1.5B repaired ssh-stopped alone of the three), then the
-    # unsafe fixes, which runs of rules 2 never judged: said, never a 0
-    assert "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 0.33 [0.00, 1.00] | not judged (before " \
-           "rules 3) | 2 of 3 |" in text
-    # beside the models, the committed noop and oracle over the same three scenarios
-    assert "| noop (reference) | 0.00 [0.00, 0.56] | 0.00 [0.00, 0.00] | not judged (before " \
-           "rules 3) | - | - |" in text
-    assert "| oracle (reference) | 1.00 [0.44, 1.00] | 1.00 [1.00, 1.00] |" in text
+    assert "\nold\n" not in text and "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 2 of 3 |" in text
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 0 and r.stderr == ""
     # the printed block is the written one
@@ -262,3 +258,107 @@ def test_the_readmes_baselines_count_what_the_specs_list() -> None:
             f"not-a-fix) | 0 of {total} |") in text
     assert f"**{total} shortcuts** the specs list ({min(per)} to {max(per)} per scenario" in \
         (repo_root() / "docs" / "results.md").read_text().replace("\n", " ")
+
+
+# --- hostile run folders and targets (issue #46) --------------------------------------------
+
+def _run_dir_of(recordings: Path, to: Path, **edits: str) -> Path:
+    """A run directory (results.json) of a recordings folder's episodes, fields of the first
+    episode replaced by ``edits`` as a contributed, hand-edited results.json could have them."""
+    episodes, _cut = episodes_from_recordings(recordings)
+    for key, value in edits.items():
+        setattr(episodes[0], key, value)
+    to.mkdir(parents=True)
+    write_results(to, {"agent": {"kind": "model"}}, episodes)
+    return to
+
+
+@pytest.mark.parametrize("how", ["relative", "symlink"])
+def test_a_cassette_outside_the_run_directory_is_not_read(small_suite: tuple[Path, Path],
+                                                          tmp_path: Path, how: str) -> None:
+    """Issue #46 item 9: results.json names its cassettes, and ``results`` opened the one it
+    named wherever it was (``../../x``, or a symlink in cassettes/ out of the folder), where
+    the HTML report refuses it. Refused the same way now: one line, nothing read."""
+    specs, runs = small_suite
+    large = runs / f"{LARGE}-json"
+    outside = tmp_path / "elsewhere" / "ssh-stopped.r0.jsonl"
+    outside.parent.mkdir()
+    shutil.copy2(large / "ssh-stopped.r0.jsonl", outside)
+    if how == "relative":
+        run = _run_dir_of(large, tmp_path / "run", cassette="../elsewhere/ssh-stopped.r0.jsonl")
+    else:
+        run = _run_dir_of(large, tmp_path / "run", cassette="cassettes/ssh-stopped.r0.jsonl")
+        (run / "cassettes").mkdir()
+        (run / "cassettes" / "ssh-stopped.r0.jsonl").symlink_to(outside)
+    with pytest.raises(InvalidInput) as err:
+        results.gather([run, runs / f"{SMALL}-json"], [specs])
+    assert "is outside the run directory (not read)" in err.value.detail
+    assert err.value.path == str(run / "results.json") and err.value.field == "cassette"
+
+
+def test_results_write_or_check_of_an_endless_file_is_one_line(
+        cli: Cli, small_suite: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue #46 item 7: ``results --write /dev/full`` read the device with no limit (the
+    process grew to 23 GB). The file to edit is a regular file of a bounded size, checked
+    before it is opened."""
+    specs, runs = small_suite
+    folders = [str(p) for p in _folders(runs)]
+    fifo = tmp_path / "fifo.md"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.md"
+    big.write_text(f"{results.BEGIN}\n{results.END}\n")
+    with big.open("r+b") as f:
+        f.truncate(results.MAX_MARKDOWN_BYTES + 1)
+    large = f"larger than {results.MAX_MARKDOWN_BYTES} bytes"
+    for flag, target, says in (
+            # --write checks its target before any work, as every --write/--out does
+            ("--write", "/dev/full", "--write: exists and is a device: give a file name"),
+            ("--write", str(fifo), "--write: exists and is a FIFO (named pipe): give a file name"),
+            ("--write", str(big), large),
+            ("--check", "/dev/full", "not a regular file"),
+            ("--check", "/dev/zero", "not a regular file"),
+            ("--check", str(fifo), "not a regular file"),
+            ("--check", str(big), large)):
+        r = cli("results", *folders, "--specs", str(specs), flag, target, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), (flag, target, r.stderr)
+        assert r.stderr == f"rootbench: {target}: {says}\n", (flag, target)
+
+
+def test_names_from_a_run_folder_cannot_add_lines_to_the_block(
+        cli: Cli, small_suite: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue #46 item 8: model and protocol names kept their newlines, so a contributed
+    recording could end the block early (``<!-- results:end -->``) and add any Markdown or
+    HTML; every later --write/--check then failed. Each is one line, escaped for a table cell
+    or for prose, so the block keeps its lines and markers whatever the names hold."""
+    specs, runs = small_suite
+    evil = (f"m\n{results.END}\n<script>alert(1)</script>\n# owned | x |\n"
+            f"{results.BEGIN}")
+    run = _run_dir_of(runs / f"{LARGE}-json", tmp_path / "evil", model=evil,
+                      protocol=f"json\n{results.END}\n<img src=x onerror=alert(1)>")
+    found = results.gather([run, runs / f"{SMALL}-json"], [specs])
+    block = results.render_block(found)
+    lines = block.splitlines()
+    assert not any(line.strip() in (results.BEGIN, results.END) for line in lines)
+    made_by, rest = block.split("\n", 1)
+    assert made_by.startswith("<!-- Made by `rootbench results")
+    assert re.search(r"(?<!\\)<(script|img|!--)", rest) is None, rest  # each shown as text
+    assert "\n# owned" not in block
+    tables: list[list[str]] = [[]]  # each table's lines: every row has its header's cells
+    for line in lines:
+        if line.startswith("|"):
+            tables[-1].append(line)
+        elif tables[-1]:
+            tables.append([])
+    tables = [t for t in tables if t]
+    assert len(tables) == 2
+    for table in tables:
+        cells = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
+        assert len(cells) == 1, table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# t\n\n{results.BEGIN}\nold\n{results.END}\n\nafter\n")
+    args = [str(run), str(runs / f"{SMALL}-json"), "--specs", str(specs)]
+    r = cli("results", *args, "--write", str(readme))
+    assert r.returncode == 0, r.stderr
+    r = cli("results", *args, "--check", str(readme))  # the file still has its one block
+    assert (r.returncode, r.stderr) == (0, "")
+    assert readme.read_text().endswith(f"\n{results.END}\n\nafter\n")
