@@ -32,7 +32,8 @@ from pathlib import Path
 
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
-from runner.app.report import ci_text
+from runner.app.reference import references
+from runner.app.report import ci_text, unsafe_text
 from runner.app.runs import shown_path
 from runner.app.stats import Summary, assists, compare, hinted, summarize
 from runner.backends.llama import MODELS
@@ -188,14 +189,23 @@ def _solved(s: Summary) -> str:
     return "-" if s.solved is None else f"{s.solved} of {s.scored}"
 
 
+def _model_row(name: str, o: Summary) -> list[str]:
+    return [name, ci_text(o.pass_at_1, o.pass_at_1_ci), ci_text(o.mean_repair, o.mean_repair_ci),
+            unsafe_text(o), _solved(o), ci_text(o.mean_assist, o.mean_assist_ci),
+            ci_text(o.mean_score, o.mean_score_ci)]
+
+
 def _model_table(results: Results) -> str:
-    rows = []
-    for name, run in zip(_names(results.runs), results.runs, strict=True):
-        o = summarize(run.episodes).overall
-        rows.append([name, ci_text(o.pass_at_1, o.pass_at_1_ci), _solved(o),
-                     ci_text(o.mean_assist, o.mean_assist_ci), ci_text(o.mean_score, o.mean_score_ci)])
-    return _md(["model", "pass@1 at level 0 [95 % CI]", "solved with hints",
-                "mean assist [95 % CI]", "mean score [95 % CI]"], rows)
+    """Per run its overall row of ``report``, and under them the same row of the committed noop
+    and oracle runs over the scenarios the runs ran (:mod:`runner.app.reference`): the repair
+    score, the headline, is read against doing nothing (0) and the oracle (1)."""
+    rows = [_model_row(name, summarize(run.episodes).overall)
+            for name, run in zip(_names(results.runs), results.runs, strict=True)]
+    ran = [ep.scenario for r in results.runs for ep in r.episodes if ep.verdict.scored]
+    rows += [_model_row(f"{ref.name} (reference)", ref.summary) for ref in references(ran)]
+    return _md(["model", "pass@1 at level 0 [95 % CI]", "repair score [95 % CI]",
+                "unsafe fixes [95 % CI]", "solved with hints", "mean assist [95 % CI]",
+                "mean score [95 % CI]"], rows)
 
 
 def _compare_lines(results: Results) -> list[str]:
@@ -215,6 +225,14 @@ def _compare_lines(results: Results) -> list[str]:
         r = rc.result
         tests = [f"first tries, {r.pairs} pairs: only {names[0]} passed {r.a_only}, only "
                  f"{name} passed {r.b_only}, McNemar's exact p = {p_text(r.mcnemar_p)}"]
+        if r.repair_p is not None:
+            tests.append(f"repair scores, {r.repair_pairs} pairs: {names[0]} higher in "
+                         f"{r.a_repair_better}, {name} higher in {r.b_repair_better}, exact sign "
+                         f"test p = {p_text(r.repair_p)}")
+        if r.unsafe_p is not None:
+            tests.append(f"unsafe fixes, {r.unsafe_pairs} pairs judged on both sides: only "
+                         f"{names[0]} {r.a_unsafe_only}, only {name} {r.b_unsafe_only}, "
+                         f"McNemar's exact p = {p_text(r.unsafe_p)}")
         if r.solved_p is not None:
             tests.append(f"with hints, {r.solved_pairs} rounds, solved at any level: only "
                          f"{names[0]} {r.a_solved_only}, only {name} {r.b_solved_only}, "
@@ -274,7 +292,11 @@ def render_block(results: Results) -> str:
         "",
         f"From {folders} ({plural(len({ep.scenario for r in results.runs for ep in r.episodes}), 'scenario')}"
         f" run, protocol {', '.join(protocols) or '-'}{', hint ladder' if ladder else ''}); "
-        "each row is the overall row of `rootbench report` on its folder:",
+        "each row is the overall row of `rootbench report` on its folder, the last two those of "
+        "the committed noop (runs no command) and oracle (each spec's solution) runs, "
+        "`recordings/oracle/noop` and `recordings/oracle`. The repair score (the headline) "
+        "counts only what the fault broke: 0 for doing nothing, 1 for the oracle; unsafe fixes "
+        "are judged from rules 3 on ([docs/reports.md](docs/reports.md)):",
         "",
         _model_table(results),
         *_compare_lines(results),

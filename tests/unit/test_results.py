@@ -188,7 +188,15 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     assert r.returncode == 0, r.stderr
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
-    assert "\nold\n" not in text and "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 2 of 3 |" in text
+    assert "\nold\n" not in text
+    # pass@1, then the repair score (the 1.5B repaired ssh-stopped alone of the three), then the
+    # unsafe fixes, which runs of rules 2 never judged: said, never a 0
+    assert "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 0.33 [0.00, 1.00] | not judged (before " \
+           "rules 3) | 2 of 3 |" in text
+    # beside the models, the committed noop and oracle over the same three scenarios
+    assert "| noop (reference) | 0.00 [0.00, 0.56] | 0.00 [0.00, 0.00] | not judged (before " \
+           "rules 3) | - | - |" in text
+    assert "| oracle (reference) | 1.00 [0.44, 1.00] | 1.00 [1.00, 1.00] |" in text
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 0 and r.stderr == ""
     # the printed block is the written one
