@@ -208,8 +208,6 @@ def _model_table(results: Results) -> str:
                 "mean score [95 % CI]"], rows)
 
 
-
-
 def _compare_lines(results: Results) -> list[str]:
     """Each run after the first against the first, as ``rootbench compare`` tells it (its
     McNemar counts and p-values and its verdict lines, never recomputed here): prose beside the
