@@ -166,7 +166,8 @@ def test_a_spec_without_the_new_fields_serialises_as_before(tmp_path: Path) -> N
     recorded = Cassette.load(repo_root() / "recordings" / "archive" / "2026-12-03-before-hints"
                              / "qwen2.5-coder-1.5b-json" / "rogue-port-80.r0.jsonl")
     scenario = recorded.header["scenario"]
-    assert set(d) == set(scenario)
+    # ... and the judged hash every header has carried since 2026-12-07 (verify's proofs)
+    assert set(d) == set(scenario) | {"judged_hash"} and len(d["judged_hash"]) == 64
     again = scenario_to_dict(scenario_from_dict(scenario))
     assert json.dumps(again, sort_keys=True) == json.dumps(scenario, sort_keys=True)
 
