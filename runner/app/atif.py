@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.app.html_report import Trajectory, load_trajectory, text
-from runner.app.outputs import check_dir_target, write_error
+from runner.app.outputs import atomic_write, check_dir_target, write_error
 from runner.app.reference import REFERENCES, reference_episode
-from runner.app.runs import atomic_write, relative_name, slug
+from runner.app.runs import relative_name, slug
 from runner.app.stats import repair_of, score_of
 from runner.core import layout
 from runner.core.cassette import Cassette, digest, find_cassettes
@@ -364,7 +364,7 @@ def _write(target: Path, document: str, flag: str) -> None:
                                    path=str(folder), field=flag)
         if target.is_dir():
             raise InvalidInput("exists and is a directory", path=str(target), field=flag)
-        atomic_write(target, document)
+        atomic_write(target, document, flag)
     except OSError as exc:
         if (bad := write_error(exc, target, flag)) is not None:
             raise bad from None

@@ -36,10 +36,11 @@ from runner.app.driver import Job, drive
 from runner.app.episodes import EpisodeJob, JobResult, RunOptions, run_job
 from runner.app.events import BenchListener, Step
 from runner.app.executors import Done, Executor, InProcess, WorkerLost
+from runner.app.outputs import atomic_write
 from runner.app.plan import Arm, BenchPlan, Key, Round
 from runner.app.progress import Eta
 from runner.app.replay import load_replayable, replay_loaded
-from runner.app.runs import atomic_write, load_results, slug, write_results
+from runner.app.runs import load_results, slug, write_results
 from runner.app.signals import signals_raise
 from runner.backends.lan import Lan
 from runner.backends.sandbox import Sandbox

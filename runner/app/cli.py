@@ -43,14 +43,13 @@ from runner.app.executors import (
     auto_jobs,
     make_local,
 )
-from runner.app.outputs import check_dir_target, check_file_target
+from runner.app.outputs import atomic_write, check_dir_target, check_file_target
 from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
-    atomic_write,
     is_recordings,
     load_episodes,
     load_results,
@@ -878,7 +877,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         return 1 if problems else 0
     if args.write:
         target = Path(args.write)
-        atomic_write(target, results.written(target, block))
+        atomic_write(target, results.written(target, block), "--write")
         _out(f"{target}: results written ({len(found.tiers)} scenarios, "
              f"{sum(t.tier is not Tier.UNMEASURED for t in found.tiers)} measured)")
         return 0

@@ -7,9 +7,12 @@ and exit 2 *before* anything is read or rendered, never a crash after the
 work is done. The check makes no folder and leaves no file behind: it finds
 the nearest folder that exists and tries a throw-away file in it.
 
-Files written for people (report.html, trajectory.json) go through
-:func:`runner.app.runs.atomic_write`, which gives them the mode any other file
-the user makes gets (0666 less the umask), like cassettes.
+Every file rootbench writes, run files and what ``--write``/``--out`` name,
+goes through :func:`atomic_write`, the one writer, by one rule: a new file gets
+the mode any file the user makes gets (0666 less the umask), a file that is
+there keeps its mode (a 0600 README stays 0600), and a symlink is refused,
+never replaced by a file nor written through (rootbench writes the file it was
+named; the folders on the way to it are followed).
 """
 
 from __future__ import annotations
@@ -72,9 +75,18 @@ def _stat_or_none(path: Path, flag: str) -> os.stat_result | None:
                            field=flag) from None
 
 
+def _refuse_symlink(path: Path, flag: str | None) -> None:
+    """InvalidInput when ``path`` itself is a symlink: the rule of :func:`atomic_write`."""
+    if path.is_symlink():
+        raise InvalidInput("is a symlink: rootbench writes no file through a link nor replaces "
+                           "one (name the file it points to)", path=str(path), field=flag)
+
+
 def check_file_target(path: Path, flag: str) -> Path:
-    """``path`` may be written as a file: absent, or a regular file (it is replaced)."""
+    """``path`` may be written as a file: absent, or a regular file (it is replaced, keeping its
+    mode); a symlink is refused (see :func:`atomic_write`)."""
     path = Path(path)
+    _refuse_symlink(path, flag)
     st = _stat_or_none(path, flag)
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise InvalidInput(f"exists and is {_kind(st.st_mode)}: give a file name", path=str(path),
@@ -101,3 +113,58 @@ def write_error(exc: OSError, path: Path, flag: str | None) -> InvalidInput | No
         return None
     return InvalidInput(f"cannot be written: {exc.strerror or exc}", path=str(exc.filename or path),
                         field=flag)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux says it in /proc), else set back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, text: str, flag: str | None = None) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half: the
+    one writer of every file rootbench writes.
+
+    * Mode: a new file gets the mode any new file gets (0666 less the umask), as cassettes
+      do; a file that is there keeps its permission bits (a 0600 file stays 0600). The
+      temporary file it is renamed from is made with them before a byte is written.
+    * Symlinks: refused, by one rule for every target (``--write``, ``--out``, run files):
+      ``path`` itself must not be a symlink, and is neither replaced by a file nor written
+      through (a link in a shared folder would make it another user's file); the folders
+      on the way to it are followed. :class:`InvalidInput` naming ``path`` and ``flag``.
+    * Errors: with ``flag`` (a path the user typed), an OSError that means "this path cannot
+      be written" is :class:`InvalidInput` (:func:`write_error`); a full disk stays an OSError.
+    """
+    path = Path(path)
+    _refuse_symlink(path, flag)
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        if flag is not None and (bad := write_error(exc, path, flag)) is not None:
+            raise bad from None
+        raise
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and flag is not None \
+                and (bad := write_error(exc, path, flag)) is not None:
+            raise bad from None
+        raise

@@ -11,8 +11,9 @@ A run directory (every name in it is :mod:`runner.core.layout`'s)::
       cassettes/<arm>/<scenario>.r<round>[.h<level>].jsonl   (a matrix bench: one folder per arm)
       logs/llama-server.log
 
-Files are written atomically (temp file, fsync, rename): a crash never
-leaves a half-written results file, and earlier results stay intact.
+Files are written atomically (temp file, fsync, rename) by
+:func:`runner.app.outputs.atomic_write`: a crash never leaves a half-written
+results file, and earlier results stay intact.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ import datetime as _dt
 import functools
 import json
 import math
-import os
 import re
 import stat
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
+from runner.app.outputs import atomic_write
 from runner.app.report import junit_xml
 from runner.app.stats import summarize, verdict_counts
 from runner.core import layout
@@ -66,40 +66,6 @@ def new_run_dir(base: Path, label: str) -> Path:
         raise InvalidInput(f"cannot make the run directory: {exc.strerror}", path=str(base),
                            field="--runs-dir") from None
     return path
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it (Linux says it in /proc), else set back."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half.
-
-    The file gets the mode any new file gets (0666 less the umask), as the
-    cassettes do: the temporary file it is renamed from is made 0600.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_results(run_dir: Path, run_info: dict[str, Any], episodes: Sequence[Episode]) -> None:

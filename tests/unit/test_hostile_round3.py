@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import Cli
 
 from runner.core.errors import InvalidInput
-from runner.core.paths import MAX_SYMLINKS, contained, read_regular, resolve_in_root
+from runner.core.paths import MAX_SYMLINKS, contained, read_regular, repo_root, resolve_in_root
 
 # --- every path a file names is resolved inside its root ------------------------------------
 
@@ -71,6 +72,7 @@ def test_resolve_in_root_follows_symlinks_as_the_rooted_system_would(tmp_path: P
     (root / "etc" / "file").write_text("x")
     assert resolve_in_root(root, "/etc/file/below") is None  # not a directory
 
+
 # --- every file a user names is a regular file, checked for size first ----------------------
 
 
@@ -94,3 +96,50 @@ def test_read_regular_refuses_devices_fifos_and_large_files_unopened(tmp_path: P
         read_regular(tmp_path / "absent", 10)
     with pytest.raises(InvalidInput, match="not a regular file"):
         read_regular(tmp_path, 10)
+
+
+# --- every write keeps the target's mode and refuses a symlink -----------------------------
+
+CASSETTE = repo_root() / "recordings" / "archive" / "2026-12-04-before-validity" / \
+    "qwen2.5-coder-1.5b-json" / "ssh-stopped.r0.jsonl"
+
+
+def test_report_out_keeps_the_mode_and_refuses_a_symlink(cli: Cli, tmp_path: Path) -> None:
+    """Issue #46 item 9, ``report --html --out``: a 0600 report stays 0600; a symlink where
+    the report goes is one line and exit 2 before anything is rendered, the link kept."""
+    out = tmp_path / "r.html"
+    out.write_text("old")
+    out.chmod(0o600)
+    r = cli("report", str(CASSETTE), "--html", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_mode & 0o7777 == 0o600 and "<html" in out.read_text()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's file\n")
+    link = tmp_path / "link.html"
+    link.symlink_to(victim)
+    r = cli("report", str(CASSETTE), "--html", "--out", str(link), cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"rootbench: {link}: --out: is a symlink") and \
+        len(r.stderr.splitlines()) == 1
+    assert link.is_symlink() and victim.read_text() == "someone's file\n"
+
+
+def test_export_refuses_a_symlink_where_a_trajectory_goes(cli: Cli, tmp_path: Path) -> None:
+    """``export --out DIR``: each trajectory.json is written by the same rule (a file there
+    keeps its mode, a symlink is refused), so a link planted in DIR never redirects a write."""
+    out = tmp_path / "atif"
+    r = cli("export", str(CASSETTE), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [written] = [Path(line) for line in r.stdout.splitlines()]
+    written.chmod(0o600)
+    r = cli("export", str(CASSETTE), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert written.stat().st_mode & 0o7777 == 0o600
+    victim = tmp_path / "victim.json"
+    victim.write_text("{}\n")
+    written.unlink()
+    written.symlink_to(victim)
+    r = cli("export", str(CASSETTE), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"{written}: --out: is a symlink" in r.stderr
+    assert written.is_symlink() and victim.read_text() == "{}\n"

@@ -370,3 +370,26 @@ def test_names_from_a_run_folder_cannot_add_lines_to_the_block(
     r = cli("results", *args, "--check", str(readme))  # the file still has its one block
     assert (r.returncode, r.stderr) == (0, "")
     assert readme.read_text().endswith(f"\n{results.END}\n\nafter\n")
+
+
+def test_write_keeps_the_files_mode_and_refuses_a_symlink(
+        cli: Cli, small_suite: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue #46 item 9: ``--write`` made a 0600 file 0644 and replaced a symlink with a file.
+    The file keeps its mode; a symlink is refused before any work, one line, nothing changed."""
+    specs, runs = small_suite
+    args = [*(str(p) for p in _folders(runs)), "--specs", str(specs)]
+    readme = tmp_path / "README.md"
+    before = f"# t\n\n{results.BEGIN}\nold\n{results.END}\n"
+    readme.write_text(before)
+    readme.chmod(0o600)
+    r = cli("results", *args, "--write", str(readme))
+    assert r.returncode == 0, r.stderr
+    assert readme.stat().st_mode & 0o7777 == 0o600 and "\nold\n" not in readme.read_text()
+    readme.write_text(before)
+    link = tmp_path / "link.md"
+    link.symlink_to(readme)
+    r = cli("results", *args, "--write", str(link))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"rootbench: {link}: --write: is a symlink: rootbench writes no file " \
+                       "through a link nor replaces one (name the file it points to)\n"
+    assert link.is_symlink() and readme.read_text() == before

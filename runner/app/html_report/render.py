@@ -33,8 +33,7 @@ from runner.app.events import BenchListener, Step
 from runner.app.html_report.fields import text
 from runner.app.html_report.plots import plots
 from runner.app.html_report.view import RunView, load_run_arms, page, runs_from_cassettes
-from runner.app.outputs import write_error
-from runner.app.runs import atomic_write
+from runner.app.outputs import atomic_write, write_error
 from runner.app.signals import Interrupted
 from runner.core import layout
 from runner.core.episode import Episode
@@ -142,7 +141,7 @@ def write(runs: Sequence[RunView], out: Path | str, title: str = "rootbench repo
     out = Path(out)
     page = render(runs, title)
     try:
-        atomic_write(out, page)
+        atomic_write(out, page, flag)
     except OSError as exc:
         if (bad := write_error(exc, out, flag)) is not None:
             raise bad from None
