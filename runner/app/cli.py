@@ -46,7 +46,7 @@ from runner.app.executors import (
 from runner.app.outputs import atomic_write, check_dir_target, check_file_target
 from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
-from runner.app.ray_executor import RayExecutor, reachable, resolve_auto
+from runner.app.ray_executor import JOIN_TIMEOUT, RayExecutor, reachable, resolve_auto
 from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
@@ -167,6 +167,9 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
                    help="with --executor ray: the cluster's head (its GCS address), or auto: the "
                         "cluster running on this machine, found as Ray's own tools find it "
                         "(default: the RAY_ADDRESS environment variable)")
+    p.add_argument("--ray-timeout", type=float, metavar="SECONDS",
+                   help=f"with --executor ray: how long joining the cluster may take before it "
+                        f"is an infrastructure error (default {JOIN_TIMEOUT:.0f})")
     p.add_argument("--record-to", help="also copy every cassette into this directory")
     p.add_argument("--record-mode", choices=[m.value for m in RecordMode], default="all",
                    help="with --record-to: all runs everything live; once replays the scenarios "
@@ -450,9 +453,12 @@ def _ray_address(args: argparse.Namespace) -> str | None:
     """
     given = args.ray_address or os.environ.get(RAY_ADDRESS_ENV) or None
     if args.executor != ExecutorKind.RAY.value:
-        if args.ray_address:
-            raise InvalidInput("--ray-address is for --executor ray", field="--ray-address")
+        for flag, value in (("--ray-address", args.ray_address), ("--ray-timeout", args.ray_timeout)):
+            if value not in (None, ""):
+                raise InvalidInput(f"{flag} is for --executor ray", field=flag)
         return None
+    if args.ray_timeout is not None:
+        _number(args.ray_timeout, "--ray-timeout", 1, 3600)
     if not given:
         raise InvalidInput("--executor ray needs --ray-address HOST:PORT (the head's address) "
                            f"or auto (the cluster running on this machine), or {RAY_ADDRESS_ENV}",
@@ -560,7 +566,8 @@ def _executor(args: argparse.Namespace, choices: list[AgentChoice]) -> Executor:
     jobs = _jobs(args.jobs)
     address = _ray_address(args) if hasattr(args, "executor") else None
     if address is not None:
-        return RayExecutor(address, max_jobs=jobs if args.jobs is not None else None)
+        return RayExecutor(address, max_jobs=jobs if args.jobs is not None else None,
+                           join_timeout=args.ray_timeout or JOIN_TIMEOUT)
     if jobs is None:
         serving = [c for c in choices if c.kind is AgentKind.MODEL and not c.endpoint]
         reserve = max((_model_mib(c) for c in serving), default=0)
@@ -608,9 +615,10 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
     _preflight(args, choices, scenarios, arms, opts, resume)
     label = choices[0].label() if len(arms) == 1 else "-".join(
         dict.fromkeys(c.label() for c in choices)) + "-matrix"
-    run_dir = resume or new_run_dir(Path(args.runs_dir), label)
-    logging.getLogger("rootbench.bench").info("run directory: %s", run_dir)
+    # The executor first: a Ray cluster that cannot be joined leaves no empty run directory.
     with _executor(args, choices) as executor:
+        run_dir = resume or new_run_dir(Path(args.runs_dir), label)
+        logging.getLogger("rootbench.bench").info("run directory: %s", run_dir)
         if executor.slots > 1:
             logging.getLogger("rootbench.bench").info("%d episodes at once (%s)", executor.slots,
                                                        args.executor)

@@ -15,8 +15,13 @@ model or ``--model-file``, a llama-server per node (:class:`NodeServers`):
 an actor pinned to each node starts it there, bound to that node's loopback
 only, with as many slots as the node has ``vm`` units.
 
+Joining the cluster has a deadline (``--ray-timeout``) and yields to SIGTERM and
+Ctrl-C (:meth:`RayExecutor._join`), and Ray dials the address it is given
+(:func:`import_ray`): a head that never answers is one line, exit 1, not a
+driver stuck in Ray's own retries for a quarter of an hour.
+
 Ray is an optional extra (``pip install 'rootbench[ray]'``): it is imported
-inside :class:`RayExecutor` only, so a plain install never needs it.
+through :func:`import_ray` only, so a plain install never needs it.
 """
 
 from __future__ import annotations
@@ -24,20 +29,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import secrets
 import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import IO, Any
 
 from runner.app import logs
 from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.episodes import EpisodeJob
-from runner.app.executors import CANCEL_GRACE, Done, Executor, WorkerLost, _Job
+from runner.app.executors import CANCEL_GRACE, POLL, Done, Executor, WorkerLost, _Job
+from runner.app.signals import signals_raise
 from runner.backends.llama import (
     BUILD_TIMEOUT,
     LlamaServer,
@@ -46,7 +55,7 @@ from runner.backends.llama import (
     llama_fingerprint,
 )
 from runner.backends.openai import OpenAIModel
-from runner.core.errors import InvalidInput, ModelServerError
+from runner.core.errors import InfraError, InvalidInput, ModelServerError
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.protocol import Protocol, choose_protocol, get_protocol
@@ -55,6 +64,35 @@ from runner.core.spec import Scenario
 log = logging.getLogger("rootbench.bench")
 VM_RESOURCE = "vm"  # the custom resource each node declares: how many VMs it runs at once
 CONNECT_TIMEOUT = 5.0  # seconds to reach the head before --ray-address is called unreachable
+JOIN_TIMEOUT = 60.0  # seconds joining the cluster may take (--ray-timeout's default)
+# Ray's switch for single-machine use (its default on macOS and Windows), read once when Ray is
+# imported: off, Ray keeps a loopback address as given. On, it rewrites 127.0.0.1 and localhost
+# to this host's outside interface address, both in the address a driver dials and in a node's
+# --node-ip-address, so a cluster bound to loopback could not be reached at its own address.
+KEEP_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def import_ray() -> ModuleType:
+    """Ray, imported so that it dials the address it is given (:data:`KEEP_LOOPBACK`).
+
+    The switch changes nothing else for a driver, which only joins a cluster: the node it
+    runs on is found by its own files, and a multi-node cluster's addresses are not loopback
+    ones. It is set for the import only (Ray reads it then), so no child process inherits it.
+    """
+    if "ray" not in sys.modules:
+        saved = {name: os.environ.get(name) for name in KEEP_LOOPBACK}
+        os.environ.update(KEEP_LOOPBACK)
+        try:
+            import ray  # Ray reads the switch here, once
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+    import ray
+
+    return ray
 
 
 def reachable(address: str) -> None:
@@ -78,6 +116,7 @@ def resolve_auto(env_var: str = "RAY_ADDRESS") -> str:
     directory (``ray_current_cluster``), else the one GCS process running here. None found,
     or several and none recorded, is :class:`InvalidInput` in our words (Ray's name its own
     ``--address`` flag)."""
+    import_ray()  # first: Ray keeps the recorded loopback address as it is
     try:
         from ray._private.services import canonicalize_bootstrap_address_or_die
     except ImportError as exc:  # Ray moved its private helper: say so rather than guess
@@ -234,14 +273,76 @@ def _on_worker(fn: Callable[..., Any], args: tuple[Any, ...], verbosity: int) ->
     return fn(*(_resolve(a) for a in args))
 
 
+def _same_address(dialled: str, given: str) -> bool:
+    """Whether Ray's GCS address is the ``HOST:PORT`` given (a name counts as any address it
+    resolves to: ``localhost:6379`` is ``127.0.0.1:6379``)."""
+    d_host, _, d_port = dialled.rpartition(":")
+    g_host, _, g_port = given.rpartition(":")
+    if d_port != g_port:
+        return False
+    d_host, g_host = d_host.strip("[]"), g_host.strip("[]")
+    if d_host == g_host:
+        return True
+    try:
+        resolved = {info[4][0] for info in socket.getaddrinfo(g_host, int(g_port),
+                                                              type=socket.SOCK_STREAM)}
+    except (OSError, ValueError):
+        return False
+    return d_host in resolved
+
+
+@contextlib.contextmanager
+def _ray_stderr_to_file() -> Iterator[IO[bytes]]:
+    """Within the block, the process's stderr (descriptor 2, where Ray's C++ core writes) goes
+    to an unnamed file, yielded for reading; restored afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as said:
+        os.dup2(said.fileno(), 2)
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _lines(said: IO[bytes]) -> list[str]:
+    """The lines Ray wrote in ``said``, each without its ``[time level pid tid] file:line:``
+    prefix and cut to 200 characters."""
+    said.seek(0)
+    text = said.read().decode(errors="replace")
+    return [re.sub(r"^\[[^]]*\]\s*(\S+:\d+:\s*)?", "", ln.strip())[:200]
+            for ln in text.splitlines() if ln.strip()]
+
+
+class _DropSigtermNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_sigterm_note() -> Iterator[None]:
+    """Ray's note that a connect from a thread installs no SIGTERM handler, dropped: that is
+    what rootbench wants (its own handlers stay)."""
+    logger = logging.getLogger("ray._private.worker")
+    note = _DropSigtermNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 class RayExecutor(Executor):
     """Jobs as Ray tasks, each needing one ``vm``; ``slots`` is the cluster's ``vm`` total."""
 
     remote = True
     setup_slack = 3 * 3600.0  # a fresh node may build llama-server, the image and the snapshot
 
-    def __init__(self, address: str, *, max_jobs: int | None = None) -> None:
-        import ray  # the optional extra rootbench[ray]: only --executor ray needs it
+    def __init__(self, address: str, *, max_jobs: int | None = None,
+                 join_timeout: float = JOIN_TIMEOUT) -> None:
+        ray = import_ray()  # the optional extra rootbench[ray]: only --executor ray needs it
 
         self._ray = ray
         # Ray prints its own messages (a worker that died, ...) on the driver's stdout, from a
@@ -250,44 +351,88 @@ class RayExecutor(Executor):
         self._stdout = contextlib.redirect_stdout(sys.stderr)
         self._stdout.__enter__()
         try:
-            total = self._join(address)
+            total, nodes = self._join(address, join_timeout)
         except BaseException:
             self._stdout.__exit__(None, None, None)
             raise
         self.slots = min(total, max_jobs) if max_jobs else total
         log.info("Ray cluster at %s: %d %s unit(s) on %d node(s)", address, total, VM_RESOURCE,
-                 sum(1 for n in ray.nodes() if n.get("Alive")))
+                 nodes)
         self._task = ray.remote(_on_worker).options(resources={VM_RESOURCE: 1}, num_cpus=0,
                                                     max_retries=0)
         self._queue: list[_Job] = []
         self._running: dict[Any, tuple[_Job, float]] = {}  # ObjectRef -> (job, deadline)
 
-    def _join(self, address: str) -> int:
-        """Connect to the cluster; its ``vm`` total, or :class:`InvalidInput` naming the flag."""
+    def _join(self, address: str, timeout: float) -> tuple[int, int]:
+        """Connect to the cluster within ``timeout`` seconds: its ``vm`` total and live nodes.
+
+        Ray's connect blocks in its C++ core, retrying for about 13 minutes against a
+        head that accepts and never answers, with no timeout to give it, and the main
+        thread blocked there runs no signal handler: SIGTERM went unheard. So it runs in a
+        thread of its own while this (main) thread waits against a monotonic deadline,
+        with SIGTERM and SIGINT raising :class:`~runner.app.signals.Interrupted`. Past the
+        deadline, the thread is abandoned to the process's exit (a daemon, still stuck in
+        Ray's C++). From a thread, Ray installs no SIGTERM handler of its own (its handler,
+        ``sys.exit(15)``, would have replaced rootbench's), and says so: that note is dropped.
+        Ray's C++ core prints its connect warnings on the process's stderr while it retries:
+        those go to a file instead, whose last line names the address Ray dialled when
+        the deadline passes. A wrong address, another Ray version or a missing token is
+        :class:`InvalidInput` naming the flag; no answer in time is an :class:`InfraError`.
+        """
         ray = self._ray
-        try:
-            # log_to_driver off: Ray would print the workers' lines (and its raylet's) on our
-            # stdout, which with --format json must be one JSON document. The driver logs each
-            # episode's start and end; the workers' own lines stay in each node's Ray session logs.
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def connect() -> None:
+            try:
+                # log_to_driver off: Ray would print the workers' lines (and its raylet's) on
+                # our stdout, which with --format json must be one JSON document. The driver
+                # logs each episode's start and end; the workers' own lines stay in each
+                # node's Ray session logs.
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+                outcome["dialled"] = ray.get_runtime_context().gcs_address
+                outcome["total"] = int(ray.cluster_resources().get(VM_RESOURCE, 0))
+                outcome["nodes"] = sum(1 for n in ray.nodes() if n.get("Alive"))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        deadline = time.monotonic() + timeout
+        with _ray_stderr_to_file() as said, _without_sigterm_note(), signals_raise():
+            threading.Thread(target=connect, name="ray-join", daemon=True).start()
+            while not done.wait(max(0.0, min(POLL, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    last = _lines(said)[-1:]
+                    raise InfraError(
+                        f"the Ray cluster at {address} did not answer within {timeout:.0f} s; is "
+                        "it a Ray head's GCS port, of this Ray version?"
+                        + (f" (Ray's last word: {last[0]})" if last else ""))
+            said_lines = _lines(said)
+        for line in said_lines:  # what Ray said on the way in: for -v, not the screen
+            log.debug("Ray, joining: %s", line)
+        error = outcome.get("error")
+        if isinstance(error, (ConnectionError, RuntimeError, ValueError)):
             # Wrong address, another Ray version, or a token-authenticated cluster (Ray's default
             # for local clusters since 2.59) without RAY_AUTH_TOKEN or ~/.ray/auth_token here.
             raise InvalidInput(f"could not join the Ray cluster at {address} "
-                               f"({str(exc).splitlines()[0][:120]}); with token authentication "
-                               "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)",
-                               field="--ray-address") from None
-        try:
-            total = int(ray.cluster_resources().get(VM_RESOURCE, 0))
-        except BaseException:
+                               f"({str(error).splitlines()[0][:120] if str(error) else ''}); "
+                               "with token authentication set RAY_AUTH_TOKEN (or "
+                               "RAY_AUTH_TOKEN_PATH)", field="--ray-address") from None
+        if error is not None:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            raise error
+        if not _same_address(outcome["dialled"], address):
             ray.shutdown()
-            raise
-        if total < 1:
+            raise InfraError(f"Ray dialled {outcome['dialled']}, not the {address} given: "
+                             "it was imported before rootbench could keep loopback addresses")
+        if outcome["total"] < 1:
             ray.shutdown()
             raise InvalidInput(f"the Ray cluster at {address} has no {VM_RESOURCE!r} resource: "
                                "start each node with ray start --resources '{\"vm\": 8}'",
                                field="--ray-address")
-        return total
+        return outcome["total"], outcome["nodes"]
 
     def provider(self, choice: AgentChoice, run_dir: Path, *,
                  log_label: str | None = None) -> ModelProvider:

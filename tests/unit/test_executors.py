@@ -2,18 +2,26 @@
 
 Jobs here are standard-library functions (a child process imports them by
 name), so every case runs the real ``python -m runner.app.executors`` child.
+``--executor ray`` against a Ray head that never answers is a real listener on
+loopback that accepts and says nothing, and a real ``rootbench`` process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Cli
+from conftest import Cli, cli_argv, run_cli_process
 
 from runner.app.agents import AgentChoice
 from runner.app.executors import (
@@ -177,3 +185,121 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
         run_bench([s], oracle, RunOptions(), tmp_path / "json",
                   arms=matrix([oracle], ["tools", "json"], [0]), record_to=record,
                   record_mode=RecordMode.ONCE)
+
+
+# --- --executor ray against an address that never answers -------------------------------------
+
+class SilentHead:
+    """A TCP port on loopback that accepts every connection and never says a word: a Ray head
+    that hangs (or something else entirely on its port). It counts the connections that
+    opened with gRPC's HTTP/2 preface: Ray's own dials, not the pre-check's bare connect."""
+
+    PREFACE = b"PRI * HTTP/2.0"
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))  # loopback only: a dial of any other address misses it
+        self.sock.listen(64)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []  # held open, read, never answered
+        self.grpc_dials = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed at the end of the test
+                return
+            self.accepted.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        first = b""
+        try:
+            while len(first) < len(self.PREFACE):
+                chunk = conn.recv(64)
+                if not chunk:
+                    return
+                first += chunk
+        except OSError:
+            return
+        if first.startswith(self.PREFACE):
+            with self._lock:
+                self.grpc_dials += 1
+
+    def wait_for_dial(self, timeout: float) -> bool:
+        """Whether a gRPC client (Ray) dialled this port within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while not self.grpc_dials and time.monotonic() < end:
+            time.sleep(0.1)
+        return self.grpc_dials > 0
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
+@pytest.fixture
+def silent_head() -> Iterator[SilentHead]:
+    head = SilentHead()
+    try:
+        yield head
+    finally:
+        head.close()
+
+
+def _ray_bench(address: str, runs: Path, *extra: str) -> list[str]:
+    return ["bench", "--agent", "oracle", "--executor", "ray", "--ray-address", address,
+            "--only", "rogue-port-80", "--runs-dir", str(runs), *extra]
+
+
+def test_a_ray_head_that_never_answers_is_one_infra_line_at_the_deadline(
+        silent_head: SilentHead, tmp_path: Path) -> None:
+    """Joining has a deadline: Ray's own connect retries for about 13 minutes (20 tries of
+    ~40 s each) and printed its warnings all the while; now one line, exit 1, no run directory.
+    The line says which address Ray itself dialled: the one given (it used to be rewritten to
+    this host's outside address, where this loopback-only listener is not)."""
+    t0 = time.monotonic()
+    # A process: a Ray driver that could not connect leaves its connect thread behind.
+    r = run_cli_process(*_ray_bench(silent_head.address, tmp_path / "runs", "--ray-timeout", "8"),
+                        env={"RAY_ADDRESS": None}, timeout=90)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"rootbench: infrastructure error: the Ray cluster at "
+                           f"{silent_head.address} did not answer within 8 s"), line
+    # Ray's own warning, kept from the screen, names the address it dialled: the one given
+    assert silent_head.address in line.partition("(Ray's last word: ")[2], line
+    assert took < 40, took  # Ray's import and a driver's start, then the 8 s
+    assert silent_head.grpc_dials >= 1  # Ray dialled the listener itself
+    assert not (tmp_path / "runs").exists()  # no run directory for a bench that never began
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_joining_ray_ends_the_bench_at_once(
+        silent_head: SilentHead, tmp_path: Path, signum: int, code: int) -> None:
+    """SIGTERM or Ctrl-C while Ray dials a head that never answers ends rootbench within
+    seconds, as interrupted (a SIGTERM went unheard while Ray's connect held the main thread)."""
+    proc = subprocess.Popen(cli_argv(*_ray_bench(silent_head.address, tmp_path / "runs")),
+                            cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    try:
+        assert silent_head.wait_for_dial(timeout=60), "Ray never dialled the address given"
+        time.sleep(1.0)
+        os.kill(proc.pid, signum)
+        t0 = time.monotonic()
+        _out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1].startswith("rootbench: interrupted"), err
+    assert not (tmp_path / "runs").exists()

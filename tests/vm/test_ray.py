@@ -4,13 +4,21 @@ The fixture starts a Ray head (``ray.init`` with a ``vm`` resource of 2, in
 its own temp directory and its own process group) in a subprocess, hands its
 address to the bench, and stops it at the end. Workers inherit the head's
 TMPDIR, so their VMs' sockets and overlays live where the test can look.
+
+Every cluster a test starts is bound to loopback (``--node-ip-address
+127.0.0.1`` with Ray's loopback switch, :data:`KEEP_LOOPBACK`), and the tests
+check with ``ss`` that none of its processes, nor the bench's driver, listens
+on another address: by default Ray listens on every interface, so a test
+cluster was a cluster anyone on the network could join or submit work to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
+import re
 import secrets
 import select
 import shutil
@@ -20,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -28,14 +36,15 @@ from typing import IO, Any
 import pytest
 from conftest import Cli, cli_argv, run_cli_process
 
+from runner.app.ray_executor import KEEP_LOOPBACK
 from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 PUBLISHED = ["rogue-port-80", "permission-403", "nginx-config-syntax"]
 HEAD = """
 import sys, ray
-ctx = ray.init(num_cpus=2, resources={"vm": 2}, _temp_dir=sys.argv[1], include_dashboard=False,
-               logging_level="WARNING")
+ctx = ray.init(num_cpus=1, resources={"vm": 2}, _node_ip_address="127.0.0.1",
+               _temp_dir=sys.argv[1], include_dashboard=False, logging_level="WARNING")
 print(ctx.address_info["gcs_address"], flush=True)
 sys.stdin.read()  # until the test closes it
 ray.shutdown()
@@ -46,6 +55,36 @@ ray.shutdown()
 class Cluster:
     address: str
     tmp: Path  # the workers' TMPDIR
+    session: int  # the session id of every process of the cluster (its head's pid)
+
+
+def exposed(sessions: Collection[int], pids: Collection[int] = ()) -> list[str]:
+    """The listening sockets (TCP and UDP, from ``ss``) of the processes in these sessions, or
+    with these pids, that are bound to anything but loopback: each as ``ss`` shows it."""
+    out = subprocess.run(["ss", "-Hltunp"], capture_output=True, text=True, timeout=30,
+                         check=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 7:
+            continue
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", fields[6])}
+        mine = set()
+        for pid in owners:
+            with contextlib.suppress(ProcessLookupError):
+                if pid in pids or os.getsid(pid) in sessions:
+                    mine.add(pid)
+        if not mine:
+            continue
+        host = fields[4].rpartition(":")[0].strip("[]").split("%")[0]
+        host = host.removeprefix("::ffff:")
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:  # "*": every address
+            loopback = False
+        if not loopback:
+            found.append(line)
+    return found
 
 
 def _reap_cluster(head: subprocess.Popen[Any], log: IO[str], temp: Path) -> list[str]:
@@ -81,14 +120,17 @@ def ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clu
     log = (tmp_path / "head.log").open("w")
     proc = subprocess.Popen([sys.executable, "-c", HEAD, str(temp)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, text=True, cwd=repo_root(),
-                            env={**os.environ, "TMPDIR": str(work)}, start_new_session=True)
+                            env={**os.environ, **KEEP_LOOPBACK, "TMPDIR": str(work)},
+                            start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdin is not None
         ready, _, _ = select.select([proc.stdout], [], [], 300)
         assert ready, "the Ray head did not start within 300 s"
         address = proc.stdout.readline().strip()
         assert address, (tmp_path / "head.log").read_text()[-2000:]
-        yield Cluster(address, work)
+        assert address.startswith("127.0.0.1:"), address
+        assert not exposed({proc.pid}), "the test's Ray cluster listens beyond loopback"
+        yield Cluster(address, work, proc.pid)
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -121,6 +163,7 @@ def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
                               text=True, timeout=10).stdout.strip()
     assert not list(ray_cluster.tmp.glob("rb-*")) and not list(
         ray_cluster.tmp.glob("rootbench-vm-*"))
+    assert not exposed({ray_cluster.session})  # its workers too listen on loopback only
 
 
 def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
@@ -144,6 +187,8 @@ def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
         else:
             time.sleep(0.2)
     assert victim is not None, "no episode started on the cluster"
+    # mid-episode: the cluster, its workers and the bench's own Ray driver listen on loopback only
+    assert not exposed({ray_cluster.session}, {proc.pid})
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 1, err[-2000:]  # a bench with an infra-error exits 1
@@ -176,6 +221,7 @@ def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback
     pid = int((folder / "llama-server.pid").read_text())
     cmdline = Path(f"/proc/{pid}/cmdline")
     assert not cmdline.exists() or b"llama-server" not in cmdline.read_bytes()
+    assert not exposed({ray_cluster.session})
 
 
 def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
@@ -195,17 +241,20 @@ def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     env = {**os.environ, "RAY_TMPDIR": str(temp)}
     log = (tmp_path / "head.log").open("w")
+    # Bound to loopback, as docs/scaling.md starts a local cluster; the bench gets no switch.
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-                             f"--port={port}", f"--temp-dir={temp / 'ray'}", "--num-cpus=1",
+                             "--node-ip-address=127.0.0.1", f"--port={port}",
+                             f"--temp-dir={temp / 'ray'}", "--num-cpus=1",
                              "--resources={\"vm\": 1}", "--include-dashboard=false",
-                             "--disable-usage-stats"], stdout=log, stderr=log, env=env,
-                            start_new_session=True)
+                             "--disable-usage-stats"], stdout=log, stderr=log,
+                            env={**env, **KEEP_LOOPBACK}, start_new_session=True)
     try:
         recorded = temp / "ray" / "ray_current_cluster"
         deadline = time.monotonic() + 300
         while not recorded.is_file() and time.monotonic() < deadline and head.poll() is None:
             time.sleep(0.5)
         assert recorded.is_file(), (tmp_path / "head.log").read_text()[-2000:]
+        assert not exposed({head.pid}), "the test's Ray cluster listens beyond loopback"
         empty = tmp_path / "recordings"
         empty.mkdir()
         # A process: Ray resolves auto with its own modules, which keep state once imported.
@@ -217,7 +266,8 @@ def test_ray_address_auto_finds_the_cluster_ray_start_made(tmp_path: Path,
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 2, r.stderr
         found, refused = lines
-        assert found.startswith("[bench] --ray-address auto: ") and found.endswith(f":{port}")
+        # the address the cluster recorded, as it is: not rewritten to this host's outside one
+        assert found == f"[bench] --ray-address auto: 127.0.0.1:{port}", found
         assert refused.startswith("rootbench: --record-mode: --record-mode none needs a "), refused
         assert not (tmp_path / "runs").exists()
     finally:
