@@ -252,8 +252,10 @@ class NodeServers(ModelProvider):
         ray = self._executor._ray
         task = ray.remote(_choose_on_node).options(resources={VM_RESOURCE: 1}, num_cpus=0,
                                                    max_retries=0)
-        name, reason = ray.get(task.remote(NodeModel(self.choice, self.choice.seed, self._prefix),
-                                           requested), timeout=BUILD_TIMEOUT)
+        with _signals_through_ray():
+            name, reason = ray.get(task.remote(NodeModel(self.choice, self.choice.seed,
+                                                         self._prefix), requested),
+                                   timeout=BUILD_TIMEOUT)
         return get_protocol(name), reason
 
     def for_scenario(self, scenario: Scenario, round_: int = 0, protocol: str = "tools") -> Model:
@@ -314,6 +316,25 @@ def _lines(said: IO[bytes]) -> list[str]:
     text = said.read().decode(errors="replace")
     return [re.sub(r"^\[[^]]*\]\s*(\S+:\d+:\s*)?", "", ln.strip())[:200]
             for ln in text.splitlines() if ln.strip()]
+
+
+@contextlib.contextmanager
+def _signals_through_ray() -> Iterator[None]:
+    """Within the block, a signal's exception raised inside a blocking Ray call comes out as
+    itself: SIGTERM or Ctrl-C (:class:`~runner.app.signals.Interrupted`), not a crash.
+
+    ``ray.wait`` runs Python's signal handlers from its C++ loop and then returns as if
+    nothing had been raised, so CPython raises ``SystemError`` ("returned a result with an
+    exception set") with the handler's exception as its cause: a SIGTERM mid-episode was
+    "unexpected error", exit 1, instead of interrupted, exit 143.
+    """
+    try:
+        yield
+    except SystemError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 class _DropSigtermNote(logging.Filter):
@@ -470,13 +491,15 @@ class RayExecutor(Executor):
                 self._fill()
                 return Done(job.key, error=WorkerLost(
                     f"the episode did not end within {job.timeout:.0f}s; its Ray task was cancelled"))
-        ready, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout)
+        with _signals_through_ray():
+            ready, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout)
         if not ready:
             return None
         job, _deadline = self._running.pop(ready[0])
         self._fill()
         try:
-            return Done(job.key, value=ray.get(ready[0], timeout=60))
+            with _signals_through_ray():
+                return Done(job.key, value=ray.get(ready[0], timeout=60))
         except ray.exceptions.RayTaskError as exc:  # the job raised: the driver decides, as locally
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             return Done(job.key, error=cause or WorkerLost(str(exc).splitlines()[0]))
@@ -493,7 +516,7 @@ class RayExecutor(Executor):
             with contextlib.suppress(Exception):  # a task may have just ended
                 ray.cancel(ref, force=False)
         if refs:
-            with contextlib.suppress(Exception):  # cancelled tasks raise on wait
+            with contextlib.suppress(Exception), _signals_through_ray():  # cancelled tasks raise
                 _done, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE)
                 for ref in left:
                     ray.cancel(ref, force=True)

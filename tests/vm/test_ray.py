@@ -36,6 +36,7 @@ from typing import IO, Any
 import pytest
 from conftest import Cli, cli_argv, run_cli_process
 
+from runner.app.executors import CANCEL_GRACE
 from runner.app.ray_executor import KEEP_LOOPBACK
 from runner.core.paths import repo_root
 
@@ -199,6 +200,39 @@ def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
     time.sleep(2)  # the killed worker's QEMU dies with it (PR_SET_PDEATHSIG)
     assert not subprocess.run(["pgrep", "-f", f"qemu-system.*{ray_cluster.tmp}"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def _qemu_under(tmp: Path) -> list[str]:
+    """The pids of the QEMUs whose command line names ``tmp`` (the cluster's workers' TMPDIR)."""
+    return subprocess.run(["pgrep", "-f", f"qemu-system.*{tmp}"], capture_output=True, text=True,
+                          timeout=10).stdout.split()
+
+
+def test_sigterm_mid_episode_on_ray_ends_the_bench_and_tears_its_vm_down(
+        ray_cluster: Cluster, tmp_path: Path) -> None:
+    """SIGTERM to a Ray bench while an episode runs on the cluster: the bench cancels the task
+    (whose ``with`` blocks stop its VM), keeps what finished and exits 143 within the
+    cancel grace, as a local bench does."""
+    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--executor", "ray",
+                                     "--ray-address", ray_cluster.address, "--jobs", "1",
+                                     "--runs-dir", str(tmp_path / "runs"),
+                                     "--only", "rogue-port-80"),
+                            cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 600
+    while not _qemu_under(ray_cluster.tmp) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert _qemu_under(ray_cluster.tmp), "no episode started on the cluster"
+    os.kill(proc.pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    _out, err = proc.communicate(timeout=CANCEL_GRACE + 60)
+    assert time.monotonic() - t0 < CANCEL_GRACE + 30
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("rootbench: interrupted"), err[-2000:]
+    end = time.monotonic() + 30
+    while _qemu_under(ray_cluster.tmp) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert not _qemu_under(ray_cluster.tmp), "the episode's VM outlived the interrupted bench"
 
 
 @pytest.mark.model
