@@ -109,6 +109,9 @@ def test_matrix_labels_arms_only_when_there_are_several() -> None:
     (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "--ray-address"),
     (["--executor", "ray", "--ray-address", "ray://x:1"], "--ray-address"),
     (["--ray-address", "127.0.0.1:1"], "--ray-address"),
+    (["--ray-timeout", "5"], "--ray-timeout"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1", "--ray-timeout", "nan"], "--ray-timeout"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1", "--ray-timeout", "0"], "--ray-timeout"),
 ])
 def test_bad_scale_flags_are_one_line_exit_2_before_any_vm(cli: Cli, tmp_path: Path,
                                                            argv: list[str], flag: str) -> None:
