@@ -15,7 +15,7 @@ ARGS ?=
 # two: a VM test mostly waits on one guest vCPU, so a second worker fills the other core
 TEST_WORKERS ?= 2
 
-.PHONY: setup test test-fast bench replay verify perf reliability lint image doctor results clean
+.PHONY: setup test test-fast bench bench-full replay verify perf reliability lint image doctor results clean
 
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv"; exit 1; }
@@ -45,9 +45,14 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(ARGS)
 
-## bench: every scenario with the default model (builds what is missing on first use)
+## bench: the default subset with the default model, about an hour on 2 cores (docs/running.md,
+## "The default bench"; builds what is missing as its episodes need it)
 bench: setup
 	$(RB) bench $(ARGS)
+
+## bench-full: every scenario with the default model (about 3 h 40 min on 2 cores)
+bench-full: setup
+	$(RB) bench --all $(ARGS)
 
 ## replay: the committed recordings, offline (no VM, no model); archived ones against the specs kept beside them
 replay: setup

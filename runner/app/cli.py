@@ -75,15 +75,24 @@ from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.process import guest_nice
 from runner.backends.qemu import choose_accel, kvm_status, qemu_version
 from runner.backends.snapshot import snapshot_dir
-from runner.core import layout
+from runner.core import layout, measured
 from runner.core.cassette import RecordMode, find_cassettes
 from runner.core.episode import Episode
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
+from runner.core.measured import UNKNOWN
 from runner.core.outcomes import AgentKind, ReplayResult, Tier, Verdict
 from runner.core.paths import default_spec_dirs
 from runner.core.protocol import CHOICES
-from runner.core.selection import Selection, choose, split_words
-from runner.core.spec import Scenario, check_specs, load_spec, load_specs
+from runner.core.selection import (
+    SPEC_SUFFIXES,
+    Selection,
+    choose,
+    default_subset,
+    looks_like_path,
+    pick_ids,
+    split_words,
+)
+from runner.core.spec import Scenario, check_specs, load_specs
 from runner.core.text import printable
 
 DEFAULT_IMAGE = "debian-12-nginx"
@@ -177,16 +186,33 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     _vm_args(p)
 
 
-def _selection_args(p: argparse.ArgumentParser) -> None:
-    """``--only``, ``--tags``, ``--limit``: which scenarios of the paths (runner/core/selection.py)."""
+def _paths_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", metavar="PATH|ID",
+                   help="spec files, folders of them, or bundled scenario ids (default: the "
+                        "bundled specs/, or $ROOTBENCH_SPECS)")
+
+
+def _selection_args(p: argparse.ArgumentParser, bench: bool = False) -> None:
+    """``--only``, ``--tags``, ``--difficulty``, ``--exclude``, ``--limit`` (and for a bench
+    ``--all``): which scenarios of the paths (runner/core/selection.py)."""
+    if bench:
+        p.add_argument("--all", action="store_true",
+                       help="every scenario (the whole suite), not the default subset a bench "
+                            "that names no scenario runs (docs/running.md, 'The default bench')")
     p.add_argument("--only", nargs="+", action="extend", metavar="ID",
                    help="only these scenario ids, or shell-style globs of ids ('cron-*'), in "
                         "this order; a spec file is given as a path, not here")
     p.add_argument("--tags", nargs="+", action="extend", metavar="TAG",
                    help="only scenarios with any of these tags (e.g. easy-tier; comma-separated "
                         "or several)")
+    p.add_argument("--difficulty", nargs="+", action="extend", metavar="TIER",
+                   help="only scenarios of any of these measured tiers (easy, medium, hard, "
+                        "unmeasured: what the bundled models did, not the spec's label; "
+                        "comma-separated or several)")
+    p.add_argument("--exclude", nargs="+", action="extend", metavar="ID",
+                   help="leave out these scenario ids or globs of ids")
     p.add_argument("--limit", type=int, metavar="N",
-                   help="only the first N scenarios left by the paths, --only and --tags")
+                   help="only the first N scenarios left by the paths and the other filters")
 
 
 def _jobs_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -205,18 +231,20 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check scenario files against the schema")
     p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
 
-    p = sub.add_parser("list", help="list the scenarios")
-    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+    p = sub.add_parser("list", help="list the scenarios: label, measured tier, in the default "
+                                    "bench or not")
+    _paths_arg(p)
     _selection_args(p)
     _format_arg(p)
 
     p = sub.add_parser("run", help="run one scenario")
-    p.add_argument("spec", help="a spec file")
+    p.add_argument("spec", metavar="SPEC|ID", help="a spec file, or a bundled scenario's id")
     _agent_args(p)
 
-    p = sub.add_parser("bench", help="run every scenario (default specs/) and print the table")
-    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
-    _selection_args(p)
+    p = sub.add_parser("bench", help="run the default subset (--all: every scenario) and print "
+                                     "the table")
+    _paths_arg(p)
+    _selection_args(p, bench=True)
     p.add_argument("--resume", metavar="RUNDIR", help="finish what is missing in a run directory")
     p.add_argument("--retry-infra", type=int, default=0, metavar="N",
                    help="re-run infra-error runs up to N times")
@@ -224,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("mcp", help="serve one scenario to an outside agent as an MCP server "
                                    "(stdio, or streamable HTTP with --http); docs/agents.md")
-    p.add_argument("spec", help="a spec file")
+    p.add_argument("spec", metavar="SPEC|ID", help="a spec file, or a bundled scenario's id")
     p.add_argument("--http", metavar="[HOST:]PORT",
                    help="serve streamable HTTP at http://HOST:PORT/mcp (default: stdio); every "
                         "request must carry the token the server prints once on stderr")
@@ -257,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="prove scenarios valid on real VMs (noop fails, oracle "
                                       "passes, every shortcut fails)")
-    p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+    _paths_arg(p)
     _selection_args(p)
     p.add_argument("--record-to", default="recordings/oracle",
                    help="where the oracle cassettes go (default recordings/oracle); the noop "
@@ -389,15 +417,58 @@ def _spec_paths(paths: Sequence[str]) -> list[str | Path]:
     return list(paths) if paths else list(default_spec_dirs())
 
 
+def _scenarios_of(words: Sequence[str], field: str) -> list[Scenario]:
+    """The scenarios ``words`` name, each a spec file, a folder of them or a bundled scenario's
+    id (default: every bundled one). An id is looked up as ``bench --only`` looks it up, in the
+    default spec folders ($ROOTBENCH_SPECS, else the bundled specs/); a word is a path when it
+    looks like one (:func:`~runner.core.selection.looks_like_path`). An unknown id is one line
+    with the nearest ids; a spec file that is not there but whose name is a bundled id says so.
+    """
+    if not words:
+        return load_specs(default_spec_dirs())
+    out: dict[str, Scenario] = {}
+    known: list[Scenario] | None = None
+    for word in words:
+        if looks_like_path(word):
+            if not Path(word).exists() and Path(word).suffix in SPEC_SUFFIXES:
+                known = known if known is not None else load_specs(default_spec_dirs())
+                if any(s.id == Path(word).stem for s in known):
+                    raise InvalidInput(f"no such file (the bundled scenario {Path(word).stem!r} "
+                                       "is given by its id alone)", path=word, field=field)
+            found = load_specs([word])
+        else:
+            known = known if known is not None else load_specs(default_spec_dirs())
+            found = pick_ids(known, [word], field=field)
+        for s in found:
+            out.setdefault(s.id, s)
+    return list(out.values())
+
+
+def _one_spec(word: str) -> Scenario:
+    """``run`` and ``mcp``'s one scenario: a spec file or a bundled scenario's id."""
+    found = _scenarios_of([word], "SPEC")
+    if len(found) != 1:
+        raise InvalidInput(f"names {len(found)} scenarios; give one spec file or one id",
+                           path=word, field="SPEC")
+    return found[0]
+
+
 def _selection(args: argparse.Namespace) -> Selection:
-    """The scenario selection flags, as asked (checked when applied: :func:`choose`)."""
+    """The scenario selection flags, as asked (checked when applied: :func:`choose`). A bench
+    that names no scenario runs the default subset, unless --all; one whose order nobody gave
+    (no path, no --only) runs in the order that needs the fewest builds."""
+    bench = args.command == "bench"
     return Selection(only=tuple(args.only or ()), tags=tuple(split_words(args.tags)),
-                     limit=args.limit)
+                     limit=args.limit, difficulty=tuple(split_words(args.difficulty)),
+                     exclude=tuple(split_words(args.exclude)),
+                     default=bench and not args.all and not args.paths,
+                     build_order=bench and not args.paths)
 
 
 def _selected(args: argparse.Namespace) -> list[Scenario]:
-    """The scenarios of the paths (default specs/), narrowed by --only, --tags and --limit."""
-    return choose(load_specs(_spec_paths(args.paths)), _selection(args))
+    """The scenarios of the paths or ids (default: the bundled specs/), narrowed by the
+    selection flags (runner/core/selection.py)."""
+    return choose(_scenarios_of(args.paths, "PATH"), _selection(args), measured.load())
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -417,10 +488,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """The scenarios: the spec's ``difficulty:`` label beside the tier measured from the bundled
+    models' ladders (runner/core/measured.py), and whether a bench that names no scenario runs
+    it (``default``: the default subset of the scenarios listed' folders)."""
     scenarios = _selected(args)
-    rows = [[s.id, s.difficulty or "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
+    facts = measured.load()
+    everything = _scenarios_of(args.paths, "PATH")
+    default = {s.id for s in default_subset(everything, facts)}
+    rows = [[s.id, s.difficulty or "-", facts.get(s.id, UNKNOWN).tier.value,
+             "yes" if s.id in default else "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
             for s in scenarios]
-    _out(render_rows(["id", "difficulty", "tags", "turns", "title"], rows, args.format))
+    _out(render_rows(["id", "difficulty", "tier", "default", "tags", "turns", "title"], rows,
+                     args.format))
     return 0
 
 
@@ -646,7 +725,7 @@ def _bench(args: argparse.Namespace, scenarios: list[Scenario], resume: Path | N
 def cmd_run(args: argparse.Namespace) -> int:
     args.retry_infra = 0  # `run` has no --retry-infra; one scenario, one try
     _choices(args)  # flags first: a bad flag is reported before the spec is even read
-    scenario = load_spec(args.spec)
+    scenario = _one_spec(args.spec)
     return _bench(args, [scenario], None)
 
 
@@ -671,7 +750,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """One scenario served to an MCP client; exit 0 once judged pass or fail, 1 otherwise, and
     130/143/129 once judged after SIGINT/SIGTERM/SIGHUP stopped the serving."""
     mcp_server.check_available()
-    scenario = load_spec(args.spec)
+    scenario = _one_spec(args.spec)
     _number(args.hints, "--hints", 0, 100)
     level = min(args.hints, len(scenario.hints))  # capped at the hints it has, as in a bench
     if not args.http and (args.http_remote or args.http_token_file):

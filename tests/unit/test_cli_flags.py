@@ -1,5 +1,6 @@
 """The command line's flags as users meet them (no VM, no model): scenario selection by
---only ids and globs, --tags and --limit; one-line argparse errors with "did you mean";
+--only ids and globs, --tags, --difficulty (measured tiers), --exclude and --limit; bundled
+scenario ids where a spec path goes; one-line argparse errors with "did you mean";
 defaults in help; perf's --format json; --ray-address auto and RAY_ADDRESS; the bench's
 estimate of the time left."""
 
@@ -13,7 +14,9 @@ import pytest
 from conftest import Cli, CliResult, run_cli
 
 from runner.app.progress import duration, left_text
+from runner.core import measured
 from runner.core.errors import InvalidInput
+from runner.core.outcomes import Tier
 from runner.core.paths import repo_root
 from runner.core.selection import Selection, choose
 from runner.core.spec import load_specs
@@ -197,3 +200,65 @@ def test_time_left_is_the_mean_duration_times_what_is_left_over_the_slots() -> N
     assert duration(float("nan")) == "1 s" and duration(4000) == "1 h 07 min"
 
 
+
+
+# --- bundled scenario ids where a spec path goes (#49 item 2) ----------------------------------
+
+def test_run_and_mcp_take_a_bundled_id_and_a_path_still_works(cli: Cli, tmp_path: Path) -> None:
+    # --record-mode none with an empty folder stops before any VM, naming the scenario it read.
+    (tmp_path / "empty").mkdir()
+    stop = ["--agent", "oracle", "--record-to", str(tmp_path / "empty"), "--record-mode", "none",
+            "--runs-dir", str(tmp_path / "runs")]
+    for spec in ("nginx-stopped", "specs/nginx-stopped.yaml", str(ROOT / "specs/nginx-stopped.yaml")):
+        line = one_line_exit_2(cli("run", spec, *stop))
+        assert "missing: nginx-stopped (round 1)" in line, (spec, line)
+    line = one_line_exit_2(cli("run", "nginx-stoped", *stop))
+    assert line.startswith("rootbench: SPEC: no scenario with id 'nginx-stoped' (did you mean "
+                           "'nginx-stopped'"), line
+    # From another folder (as from the wheel) the checkout's path is not there: its id is.
+    line = one_line_exit_2(cli("run", "specs/nginx-stopped.yaml", *stop, cwd=tmp_path))
+    assert "no such file (the bundled scenario 'nginx-stopped' is given by its id alone)" in line
+    line = one_line_exit_2(cli("run", "nginx-stopped", *stop, cwd=tmp_path))
+    assert "missing: nginx-stopped (round 1)" in line, line
+    # mcp: a known id gets as far as its flags; an unknown one is the same one line.
+    assert "--http-remote: needs --http" in one_line_exit_2(
+        cli("mcp", "nginx-stopped", "--http-remote"))
+    assert "did you mean 'nginx-stopped'" in one_line_exit_2(cli("mcp", "nginx-stoped"))
+
+
+def test_verify_list_and_bench_take_ids_among_their_paths(cli: Cli, tmp_path: Path) -> None:
+    assert listed("nginx-stopped", "specs/ssh-stopped.yaml", "cron-*") == [
+        "nginx-stopped", "ssh-stopped", *sorted(s.id for s in SUITE if s.id.startswith("cron-"))]
+    bad = ["--noop", "recorded", "--recorded-from", str(tmp_path / "none")]
+    assert "PATH: no scenario with id 'nginx-stoped' (did you mean 'nginx-stopped'" in \
+        one_line_exit_2(cli("verify", "nginx-stoped", *bad))
+    # A known id is read, and verify goes on to its next check (no VM started).
+    assert "--recorded-from: not a directory" in one_line_exit_2(cli("verify", "nginx-stopped",
+                                                                     *bad))
+
+
+# --- --difficulty (measured tier) and --exclude (#49 item 6) ------------------------------------
+
+def test_difficulty_selects_by_measured_tier_and_exclude_leaves_out(cli: Cli) -> None:
+    facts = measured.load()
+    easy = [s.id for s in SUITE if facts[s.id].tier is Tier.EASY]
+    assert easy and listed("--difficulty", "easy") == easy
+    # The measured tier, not the spec's label: most labelled easy are not measured easy.
+    assert len([s for s in SUITE if s.difficulty == "easy"]) > len(easy)
+    both = listed("--difficulty", "easy,medium")
+    assert both == [s.id for s in SUITE if facts[s.id].tier in (Tier.EASY, Tier.MEDIUM)]
+    assert listed("--difficulty", "easy", "--exclude", easy[0]) == easy[1:]
+    assert listed("--only", "cron-*", "--exclude", "cron-s*") == [
+        s.id for s in SUITE if s.id.startswith("cron-") and not s.id.startswith("cron-s")]
+    # Excluding a scenario that is not selected anyway is fine; one that does not exist is not.
+    assert listed("--only", "ssh-stopped", "--exclude", "nginx-stopped") == ["ssh-stopped"]
+    for args, fragment in ((["--difficulty", "eassy"], "--difficulty: no tier 'eassy' (did you "
+                                                       "mean 'easy'?)"),
+                           (["--exclude", "nginx-stoped"], "--exclude: no scenario with id "
+                                                           "'nginx-stoped' (did you mean"),
+                           (["--exclude", "specs/ssh-stopped.yaml"], "--exclude: 'specs/ssh-"
+                                                                      "stopped.yaml' is a path"),
+                           (["--only", "ssh-stopped", "--exclude", "ssh-*"],
+                            "--exclude: no scenario has all of: --only, --exclude")):
+        line = one_line_exit_2(cli("list", *args))
+        assert fragment in line, line
