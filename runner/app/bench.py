@@ -32,8 +32,10 @@ from typing import Any, cast
 
 from runner import __version__
 from runner.app.agents import AgentChoice, ModelProvider
+from runner.app.builds import Builds, Need, in_order, llama_missing
 from runner.app.driver import Job, drive
 from runner.app.episodes import EpisodeJob, JobResult, RunOptions, run_job
+from runner.app.estimate import estimate
 from runner.app.events import BenchListener, Step
 from runner.app.executors import Done, Executor, InProcess, WorkerLost
 from runner.app.outputs import atomic_write
@@ -44,7 +46,7 @@ from runner.app.runs import load_results, slug, write_results
 from runner.app.signals import signals_raise
 from runner.backends.lan import Lan
 from runner.backends.sandbox import Sandbox
-from runner.core import layout
+from runner.core import layout, measured
 from runner.core.cassette import RecordMode
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InfraError, InvalidInput
@@ -57,19 +59,13 @@ from runner.core.text import one_line
 log = logging.getLogger("rootbench.bench")
 
 
-def _machines_needed(scenarios: list[Scenario]) -> list[tuple[str, bool]]:
-    """Each image the scenarios restore, and whether with the private-network NIC (a machine of
-    a multi-machine scenario restores from that snapshot variant)."""
-    return sorted({(m.image, True) for s in scenarios for m in s.machines}
-                  | {(s.image, False) for s in scenarios if not s.machines})
-
-
-def _prepare_sandboxes(images: list[tuple[str, bool]], opts: RunOptions) -> None:
-    """Build each image and its golden snapshot before the model server starts.
+def _prepare_sandboxes(images: list[Need], opts: RunOptions) -> None:
+    """Build each image and its golden snapshot, in the driver, before an episode needs them
+    (:class:`~runner.app.builds.Builds` calls this as the episodes come).
 
     On a fresh machine this is minutes of work: done here, it shows as set-up
-    rather than inside the first scenario, and llama-server does not sit idle
-    meanwhile. One sandbox is started and stopped per image. If that fails,
+    rather than inside the episode (whose restore phase and time it would
+    swell). One sandbox is started and stopped per image. If that fails,
     the bench still goes on: each scenario tries again and reports infra-error.
     """
     for image, lan in images:
@@ -168,12 +164,20 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
         told.append(_RecordTo(record_to))
     told += [_Progress(executor.slots), *listeners]
 
+    live = plan.live(None, resume)
+    builds = None
     if not executor.remote:  # a Ray node builds its own images and snapshots
-        with signals_raise():
-            _prepare_sandboxes(_machines_needed([rd.scenario for rd in plan.live(None, resume)]),
-                               opts)
+        builds = Builds(in_order(rd.scenario for rd in live), opts,
+                        lambda needs, o: _prepare_sandboxes(needs, o))
     models = plan.models()
+    llama = any(m.kind is AgentKind.MODEL and not m.endpoint and llama_missing(m.llama_server)
+                and plan.live(m, resume) for m in models)
+    said = estimate(live, opts.ladder, measured.load(), executor.slots).text()
+    building = builds.plan_text(llama) if builds is not None else ""
+    log.info("%s%s", said, f"; {building}" if building else "")
     try:
+        if builds is not None and llama:
+            builds.start_beside_llama()
         for model in models:
             needed = plan.live(model, resume)
             # Scripted agents start nothing; a model server only when some step must run live.
@@ -195,12 +199,16 @@ def run_bench(scenarios: list[Scenario], choice: AgentChoice, opts: RunOptions, 
                         break
                     if attempt > 0:
                         log.info("retrying %d infra-error run(s), try %d", len(rounds), attempt)
-                    _Rounds(plan, provider, protocols, executor, run_dir, told, retry).run(rounds)
+                    _Rounds(plan, provider, protocols, executor, run_dir, told, retry,
+                            builds).run(rounds)
     except BaseException:
         ended = plan.ordered()
         for listener in told:  # what ended since the last refresh: an interrupted bench has it all
             listener.bench_ended(ended, interrupted=True)
         raise
+    finally:
+        if builds is not None:
+            builds.close()
     episodes = plan.ordered()
     for listener in told:
         listener.bench_ended(episodes, interrupted=False)
@@ -367,8 +375,10 @@ class _Rounds:
 
     def __init__(self, plan: BenchPlan, provider: ModelProvider,
                  protocols: dict[str | None, tuple[Protocol, str]], executor: Executor,
-                 run_dir: Path, listeners: list[BenchListener], retry: bool) -> None:
+                 run_dir: Path, listeners: list[BenchListener], retry: bool,
+                 builds: Builds | None = None) -> None:
         self.plan, self.provider, self.protocols = plan, provider, protocols
+        self.builds = builds
         self.executor, self.run_dir, self.listeners, self.retry = executor, run_dir, listeners, retry
         self.in_flight: dict[Key, tuple[EpisodeJob, int, Round, Step]] = {}
         self.total = self.unstarted = 0
@@ -392,6 +402,10 @@ class _Rounds:
         opts = self.plan.arm_opts[rd.arm.label]
         while (level := self.plan.next_step(rd, self.retry)) is not None:
             source = self.plan.recorded(rd, level)
+            if source is None and self.builds is not None:
+                # What this episode restores from, built now: before its start is told, so
+                # neither its time nor the estimate of the time left counts the build.
+                self.builds.ready(rd.scenario)
             tag = ((f"{rd.arm.label}: " if rd.arm.label else "") + rd.scenario.id
                    + (f" (round {rd.number + 1})" if opts.repeat > 1 else "")
                    + (f" (hint level {level})" if level else ""))
