@@ -2,7 +2,10 @@
 
 Everything a guest or a model produced passes through :func:`printable`
 before it is shown, so no escape sequence reaches the user's terminal and no
-bidirectional override reorders what they read.
+bidirectional override reorders what they read; in a table cell or a line of
+the terminal it is one line (:func:`one_line`), and in a ``--format github``
+table, which is Markdown, also escaped for it (:func:`md_cell`), so a name that
+holds a newline or a ``|`` never adds a row or a cell.
 
 The headline graded figure is the repair score (:func:`runner.app.stats.repair_of`): what
 the fault broke and the run repaired, 0 for doing nothing, 1 for the oracle; it is shown
@@ -34,7 +37,7 @@ from runner.app.stats import (
 )
 from runner.core.episode import Episode
 from runner.core.outcomes import Verdict
-from runner.core.text import printable
+from runner.core.text import md_cell, one_line, printable
 
 FORMATS = ("github", "plain", "json")  # every --format choice
 
@@ -43,10 +46,16 @@ def _flags(ep: Episode) -> str:
     return ",".join(f.value for f in ep.flags)
 
 
-def _row(ep: Episode) -> list[Any]:
+def _cell(text: str, fmt: str) -> str:
+    """Text from a recording (a scenario id, a model or protocol name) as one table cell:
+    one line, and escaped for Markdown in a github table."""
+    return md_cell(text, 120) if fmt == "github" else one_line(text, 120)
+
+
+def _row(ep: Episode, fmt: str = "plain") -> list[Any]:
     tokens = f"{ep.tokens_in}/{ep.tokens_out}" if (ep.tokens_in or ep.tokens_out) else "-"
-    return [printable(ep.scenario), ep.verdict.value, f"{ep.seconds:.1f}", ep.turns, ep.commands,
-            tokens, _flags(ep) or "-"]
+    return [_cell(ep.scenario, fmt), ep.verdict.value, f"{ep.seconds:.1f}", ep.turns,
+            ep.commands, tokens, _flags(ep) or "-"]
 
 
 HEADERS = ["scenario", "verdict", "seconds", "turns", "commands", "tokens in/out", "flags"]
@@ -124,8 +133,8 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     extra, cells = _graded(episodes, ladder)
     # A matrix bench (episodes of several arms) leads with the model and protocol of each row.
     lead = ["model", "protocol"] if any(ep.arm for ep in episodes) else []
-    rows = [([printable(ep.model), printable(ep.protocol)] if lead else []) + _row(ep) + more
-            for ep, more in zip(episodes, cells, strict=True)]
+    rows = [([_cell(ep.model, fmt), _cell(ep.protocol, fmt)] if lead else []) + _row(ep, fmt)
+            + more for ep, more in zip(episodes, cells, strict=True)]
     first = len(lead) + len(HEADERS)
     table = tabulate(rows, headers=lead + HEADERS + extra, tablefmt=tablefmt,
                      # the graded cells are formatted already ("1.00" must not become 1)
@@ -134,8 +143,8 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
     if (speed := model_speed(episodes)) is not None:
         p, g = speed
         lines.append(f"model speed: prompt {p:.0f} tok/s, generation {g:.1f} tok/s (mean of runs)")
-    why = [f"  {printable(ep.scenario)}: {printable(ep.reason)}" for ep in episodes
-           if not ep.verdict.scored and ep.reason]
+    why = [f"  {one_line(ep.scenario, 120)}: {one_line(ep.reason, 400, keep_end=True)}"
+           for ep in episodes if not ep.verdict.scored and ep.reason]
     if why:
         lines += ["", "not scored:"] + why
     return "\n".join(lines)
@@ -217,6 +226,8 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
     if fmt == "json":
         return json.dumps(summarize(episodes).to_dict(), indent=2)
     headers, rows = statistics_rows(episodes)
+    if fmt == "github":  # Markdown: the scenario ids, which are the recordings', escaped
+        rows = [[md_cell(row[0], 120), *row[1:]] for row in rows]
     # Figures are formatted already: tabulate must not turn "1.00" back into 1.
     return tabulate(rows, headers=headers, tablefmt="github" if fmt == "github" else "plain",
                     disable_numparse=True)
@@ -241,7 +252,7 @@ def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[s
     def unsafe(s: Summary) -> str:  # per scenario a dash; the overall row says why
         return unsafe_text(s) if s.judged or s.scenario is None else "-"
 
-    rows = [[printable(s.scenario or ""), _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci), at_k(s),
+    rows = [[one_line(s.scenario or "", 120), _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci), at_k(s),
              ci_text(s.mean_repair, s.mean_repair_ci), unsafe(s),
              ci_text(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
     o = st.overall

@@ -5,12 +5,16 @@ No VM, no model: files under ``tmp_path``, the CLI in-process."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from conftest import Cli
 
+from runner.app.report import render_table, statistics_table
+from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
+from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import MAX_SYMLINKS, contained, read_regular, repo_root, resolve_in_root
 
 # --- every path a file names is resolved inside its root ------------------------------------
@@ -143,3 +147,38 @@ def test_export_refuses_a_symlink_where_a_trajectory_goes(cli: Cli, tmp_path: Pa
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert f"{written}: --out: is a symlink" in r.stderr
     assert written.is_symlink() and victim.read_text() == "{}\n"
+
+
+# --- text from recordings in a table is one line, escaped for where it lands ---------------
+
+EVIL = "evil\n| injected | row |\n<b>bold</b> [link](http://x)\x1b[31m"
+
+
+def _hostile_episodes() -> list[Episode]:
+    return [Episode(scenario=f"s{i}\n| x |", agent=AgentKind.MODEL, model=EVIL, protocol=EVIL,
+                    round=0, verdict=v, reason=f"why\n{EVIL}", arm="a|b\nc")
+            for i, v in enumerate((Verdict.PASS, Verdict.FAIL, Verdict.INFRA_ERROR))]
+
+
+def _unescaped_pipes(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+@pytest.mark.parametrize("fmt", ["github", "plain"])
+def test_report_tables_keep_one_line_per_row_whatever_the_names_hold(fmt: str) -> None:
+    """Issue #46 item 8, in ``report``'s tables: a model, protocol, scenario or reason from a
+    recording held newlines, ``|`` and HTML, which added rows and cells to the table (a
+    ``--format github`` table is Markdown). Each is one line now; in Markdown, escaped."""
+    eps = _hostile_episodes()
+    text = render_table(eps, fmt)
+    stats = statistics_table(eps, fmt)
+    for table, rows in ((text.split("\n\n")[0], len(eps)), (stats, len(eps) + 1)):  # + overall
+        lines = table.splitlines()
+        assert len(lines) == rows + (2 if fmt == "github" else 1), lines  # header (and rule)
+        assert "\x1b" not in table
+        if fmt == "github":
+            assert len({_unescaped_pipes(line) for line in lines}) == 1, lines
+            assert re.search(r"(?<!\\)<b>", table) is None, table
+    why = text.split("not scored:\n", 1)[1].splitlines()
+    assert len(why) == 1 and why[0].startswith("  s2 ")  # only the infra-error is not scored
+
