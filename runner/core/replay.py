@@ -30,7 +30,7 @@ from runner.core.errors import (
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.machines import Machines
 from runner.core.model import ChatRequest, Model, ModelReply
-from runner.core.paths import default_spec_dirs
+from runner.core.paths import contained, default_spec_dirs
 from runner.core.spec import Scenario, parse_yaml, read_text, spec_files
 
 
@@ -340,8 +340,7 @@ def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
         try:
             if not d.is_dir():
                 continue
-            root = d.resolve()
-            files += [f for f in spec_files([d]) if f.is_file() and f.resolve().is_relative_to(root)]
+            files += [f for f in spec_files([d]) if f.is_file() and contained(f, d) is not None]
         except (OSError, RuntimeError):
             continue
     files.sort(key=lambda f: f.stem != scenario_id)  # stable: the rest keep their order

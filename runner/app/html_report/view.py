@@ -32,6 +32,7 @@ from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import AgentKind, Verdict
+from runner.core.paths import contained
 from runner.core.text import head
 
 OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
@@ -157,14 +158,6 @@ def _episode_from_cassette(path: Path, shown: str | None = None) -> EpisodeView:
     return EpisodeView(data, traj, result=_as_result(data))
 
 
-def _inside(path: Path, root: Path) -> bool:
-    """``path``, symlinks followed, is ``root`` or under it (both resolved)."""
-    try:
-        return path.resolve().is_relative_to(root)
-    except (OSError, RuntimeError):  # a symlink loop, a name too long
-        return False
-
-
 def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]:
     """The episode's cassette inside ``run_dir``, or None and why it is not shown.
 
@@ -189,7 +182,7 @@ def _find_cassette(run_dir: Path, ep: dict[str, Any]) -> tuple[Path | None, str]
                 continue
         except OSError:
             continue
-        if _inside(c, root):
+        if contained(c, root) is not None:
             return c, ""
         outside = True
     if outside:
