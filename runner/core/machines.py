@@ -37,6 +37,27 @@ HOSTS_MARK = "# rootbench machines"  # the /etc/hosts block the harness owns
 CONFIGURE_TIMEOUT = 60.0  # seconds each configuration command may take (TCG, busy host)
 
 
+# Names every guest's /etc/hosts gives its own loopback (the image writes localhost,
+# ip6-localhost and ip6-loopback; Debian's resolver knows the others): a machine so named would
+# be reached on the agent's own machine, never over the private network, so the scenario
+# would not test what it says.
+RESERVED_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback", "ip6-allnodes",
+                            "ip6-allrouters", "ip6-localnet", "ip6-mcastprefix"})
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a machine of a scenario, or None when it can.
+
+    The schema checks the shape (``[a-z][a-z0-9-]*``, at most 20); this is what a shape cannot
+    say: a name the guests' /etc/hosts already gives to loopback (:data:`RESERVED_NAMES`).
+    The spec loader asks it of each ``machines[i].name`` and says the reason in one line.
+    """
+    if name in RESERVED_NAMES:
+        return (f"{name!r} is a reserved name: every machine's /etc/hosts gives it to its own "
+                "loopback, so it would never reach another machine (choose another)")
+    return None
+
+
 class Access(str, Enum):
     """How the agent's shell reaches the other machines (the spec's ``access``)."""
 

@@ -14,6 +14,7 @@ from conftest import Cli
 from runner.app.report import render_table, statistics_table
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
+from runner.core.machines import name_problem
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import MAX_SYMLINKS, contained, read_regular, repo_root, resolve_in_root
 
@@ -182,3 +183,14 @@ def test_report_tables_keep_one_line_per_row_whatever_the_names_hold(fmt: str) -
     why = text.split("not scored:\n", 1)[1].splitlines()
     assert len(why) == 1 and why[0].startswith("  s2 ")  # only the infra-error is not scored
 
+
+# --- a machine's name ------------------------------------------------------------------------
+
+def test_a_machine_may_not_take_a_name_its_hosts_file_gives_to_loopback() -> None:
+    """Issue #46 item 9: a machine could be named ``localhost``; every guest's /etc/hosts
+    gives that name to its own loopback, so ``ssh localhost`` never reached the other VM."""
+    for name in ("localhost", "ip6-localhost", "ip6-loopback"):
+        why = name_problem(name)
+        assert why is not None and why.startswith(f"{name!r} is a reserved name")
+    for name in ("db", "web", "localhost2", "app-localhost"):
+        assert name_problem(name) is None
