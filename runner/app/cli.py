@@ -458,9 +458,10 @@ def _selection(args: argparse.Namespace) -> Selection:
     that names no scenario runs the default subset, unless --all; one whose order nobody gave
     (no path, no --only) runs in the order that needs the fewest builds."""
     bench = args.command == "bench"
-    return Selection(only=tuple(args.only or ()), tags=tuple(split_words(args.tags)),
-                     limit=args.limit, difficulty=tuple(split_words(args.difficulty)),
-                     exclude=tuple(split_words(args.exclude)),
+    return Selection(only=tuple(args.only or ()), tags=tuple(split_words(args.tags, "--tags")),
+                     limit=args.limit,
+                     difficulty=tuple(split_words(args.difficulty, "--difficulty")),
+                     exclude=tuple(split_words(args.exclude, "--exclude")),
                      default=bench and not args.all and not args.paths,
                      build_order=bench and not args.paths)
 

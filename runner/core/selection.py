@@ -87,9 +87,20 @@ def suggest(word: str, known: Iterable[str]) -> str:
     return " (did you mean " + " or ".join(repr(n) for n in near) + "?)"
 
 
-def split_words(values: Sequence[str] | None) -> list[str]:
-    """Flag values as words: ``--tags a,b --tags c`` and ``--tags a b`` are the same."""
-    return [w.strip() for v in values or () for w in v.split(",") if w.strip()]
+EMPTY = "names nothing (an empty value would filter nothing: give a word, or leave the flag out)"
+
+
+def split_words(values: Sequence[str] | None, flag: str) -> list[str]:
+    """Flag values as words: ``--tags a,b --tags c`` and ``--tags a b`` are the same.
+
+    A flag given with no word in it (``--tags ''``, ``--tags ,``) is bad input naming
+    ``flag``: taken as no filter it would silently select every scenario, the opposite of
+    what narrowing asked for.
+    """
+    words = [w.strip() for v in values or () for w in v.split(",") if w.strip()]
+    if values is not None and not words:
+        raise InvalidInput(EMPTY, field=flag)
+    return words
 
 
 def looks_like_path(word: str) -> bool:
@@ -121,6 +132,8 @@ def pick_ids(scenarios: Sequence[Scenario], patterns: Sequence[str],
     by_id = {s.id: s for s in scenarios}
     out: dict[str, Scenario] = {}
     for word in patterns:
+        if not word.strip():  # not a path (Path("") is the working directory): nothing at all
+            raise InvalidInput(EMPTY, field=field)
         if looks_like_path(word):
             raise _refuse_path(word, scenarios, field)
         if GLOB_CHARS & set(word):

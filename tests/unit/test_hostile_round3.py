@@ -194,3 +194,17 @@ def test_a_machine_may_not_take_a_name_its_hosts_file_gives_to_loopback() -> Non
         assert why is not None and why.startswith(f"{name!r} is a reserved name")
     for name in ("db", "web", "localhost2", "app-localhost"):
         assert name_problem(name) is None
+
+
+# --- an empty selection flag ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["--tags", ""], ["--tags", ",", " "], ["--difficulty", ""],
+                                  ["--exclude", ""], ["--only", ""], ["--only", " "]])
+def test_a_selection_flag_with_no_word_is_one_line_exit_2(cli: Cli, args: list[str]) -> None:
+    """Issue #46 item 9: ``--tags ''`` filtered nothing, so the command ran every scenario
+    where the user meant to narrow it (and ``--only ''`` was called a path). An empty value
+    names nothing: one line naming the flag, exit 2, before any work."""
+    r = cli("list", *args)
+    assert (r.returncode, r.stdout) == (2, ""), r.stdout[-300:]
+    assert r.stderr == f"rootbench: {args[0]}: names nothing (an empty value would filter " \
+                       "nothing: give a word, or leave the flag out)\n"
