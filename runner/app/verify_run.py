@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import cast
 
 from runner.app import html_report
-from runner.app.driver import Done, Job, Start, drive
-from runner.app.executors import WorkerLost, make_local
+from runner.app.driver import Job, Start, drive
+from runner.app.executors import Done, WorkerLost, make_local
 from runner.app.runs import new_run_dir
 from runner.app.signals import signals_raise
 from runner.app.verify import (
