@@ -39,7 +39,7 @@ from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.paths import schema_path
 from runner.core.spec import read_text
-from runner.core.text import one_line
+from runner.core.text import one_line, reason_first
 
 MAX_RESULTS_BYTES = 64 * 1024 * 1024
 
@@ -187,7 +187,7 @@ def load_results(run_dir: Path) -> tuple[dict[str, Any], list[Episode]]:
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         assert best is not None
-        raise InvalidInput(one_line(best.message, 160), path=str(path),
+        raise InvalidInput(reason_first(best.message, best.instance), path=str(path),
                            field=_field(list(best.absolute_path)))
     episodes = [Episode.from_dict(e) for e in data["episodes"]]
     run = data.get("run")

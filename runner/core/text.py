@@ -119,6 +119,20 @@ def ends(text: str, limit: int) -> str:
     return front.removesuffix("…").rstrip() + " … " + back.removeprefix("…")
 
 
+def reason_first(message: str, value: object, limit: int = 60) -> str:
+    """A validator's message about ``value`` (``[{...100 items...}] is too long``, as
+    jsonschema words them: the value's ``repr``, then the reason) as one line whose reason is
+    never cut: the ``repr`` is cut to ``limit`` characters (:func:`head`), the rest kept.
+
+    A plain cut of the whole message at its end lost the reason behind a long value, so the
+    reader saw only the start of a list.
+    """
+    shown = repr(value)
+    if len(shown) > limit and shown in message:
+        message = message.replace(shown, head(shown, limit), 1)
+    return one_line(message, max(200, limit + 100), keep_end=True)
+
+
 def printable(text: str) -> str:
     """``text`` fit to show a person: control sequences and format characters stripped, and
     encodable (lone surrogates, as from a YAML ``"\\udc80"``, become ``?``)."""

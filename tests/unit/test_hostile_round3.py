@@ -4,6 +4,7 @@ No VM, no model: files under ``tmp_path``, the CLI in-process."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -12,11 +13,13 @@ import pytest
 from conftest import Cli
 
 from runner.app.report import render_table, statistics_table
+from runner.app.runs import load_results
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.machines import name_problem
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import MAX_SYMLINKS, contained, read_regular, repo_root, resolve_in_root
+from runner.core.text import reason_first
 
 # --- every path a file names is resolved inside its root ------------------------------------
 
@@ -208,3 +211,26 @@ def test_a_selection_flag_with_no_word_is_one_line_exit_2(cli: Cli, args: list[s
     assert (r.returncode, r.stdout) == (2, ""), r.stdout[-300:]
     assert r.stderr == f"rootbench: {args[0]}: names nothing (an empty value would filter " \
                        "nothing: give a word, or leave the flag out)\n"
+
+
+# --- an error about a long value says its reason -----------------------------------------
+
+def test_a_schema_error_about_a_long_value_keeps_its_reason(tmp_path: Path) -> None:
+    """Issue #46 item 9: a 100-machine spec's error was the list's repr cut at 200 characters,
+    before the reason ("is too long"). The value is cut, the reason kept whole."""
+    machines = [{"name": f"m{i}", "image": "debian-12-postgres"} for i in range(100)]
+    message = f"{machines!r} is too long"
+    shown = reason_first(message, machines)
+    assert shown.endswith(" is too long") and shown.startswith("[{'name': 'm0'")
+    assert len(shown) < 120 and "\n" not in shown
+    assert reason_first("'abc' is not one of ['x']", "abc") == "'abc' is not one of ['x']"
+    # the same in results.json, whose schema caps a scenario id at 200 characters
+    run = tmp_path / "run"
+    run.mkdir()
+    episode = Episode(scenario="s" * 5000, agent=AgentKind.MODEL, model="m", protocol="json",
+                      round=0, verdict=Verdict.PASS).to_dict()
+    (run / "results.json").write_text(json.dumps({"run": {}, "episodes": [episode]}))
+    with pytest.raises(InvalidInput) as err:
+        load_results(run)
+    assert err.value.field == "episodes[0].scenario", err.value
+    assert err.value.detail.endswith(" is too long"), err.value.detail
