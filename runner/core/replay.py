@@ -31,7 +31,8 @@ from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.machines import Machines
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.paths import contained, default_spec_dirs
-from runner.core.spec import Scenario, parse_yaml, read_text, spec_files
+from runner.core.spec import Scenario, read_text, spec_files
+from runner.core.yamlfile import parse_yaml
 
 
 def _short(value: Any, limit: int = 80) -> str:

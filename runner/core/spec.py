@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -24,7 +23,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
-import yaml
 
 from runner.core.errors import InvalidInput
 from runner.core.machines import MAX_MACHINES, Access, Machine
@@ -32,6 +30,8 @@ from runner.core.paths import find_recipe, image_dirs, schema_path
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
 from runner.core.rules import CURRENT_RULES, Rules
+from runner.core.yamlfile import dotted as _dotted
+from runner.core.yamlfile import parse_yaml
 
 MAX_SPEC_BYTES = 256 * 1024
 MAX_RECHECK_AFTER = 600  # seconds: the longest pause a spec may ask (the schema says the same)
@@ -296,105 +296,6 @@ def task_text(scenario: Scenario, hint_level: int = 0) -> str:
         return scenario.task
     lines = "\n".join(f"- {h}" for h in scenario.hints[:hint_level])
     return f"{scenario.task}\n\n{HINTS_HEADING}\n{lines}"
-
-
-# --- YAML with line numbers, no aliases, no duplicate keys --------------------------------
-
-class _AliasRefused(yaml.MarkedYAMLError):
-    """An alias (``*name``, also as a merge ``<<: *name``), refused where it is written."""
-
-
-# YAML 1.2's floats: PyYAML (YAML 1.1) wants a dot, so `within: 1e9` would be the string "1e9".
-_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader; the node tree is walked before construction (see ``_walk``).
-
-    Two changes: a number in exponent form without a dot (``1e9``) is a float,
-    as YAML 1.2 and every reader of the spec expect, not a string; and an alias
-    is refused at the line it is written on (composed, it is the anchored node
-    itself, whose line is the anchor's).
-    """
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _AliasRefused(None, None, "YAML anchors and aliases are not allowed in specs "
-                                            f"(an alias *{event.anchor})", event.start_mark)
-        # types-PyYAML says index is an int; PyYAML also passes None and a mapping's key node
-        return super().compose_node(parent, index)  # type: ignore[arg-type]
-
-
-_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in _Loader.yaml_implicit_resolvers.items()}
-for _first in "-+.0123456789":
-    _Loader.yaml_implicit_resolvers[_first] = [
-        (tag, regexp) for tag, regexp in _Loader.yaml_implicit_resolvers.get(_first, [])
-        if tag != "tag:yaml.org,2002:float"]
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+.0123456789"))
-
-
-def _walk(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int],
-          seen: set[int], where: str) -> None:
-    if id(node) in seen:
-        raise InvalidInput("YAML anchors and aliases are not allowed in specs",
-                           path=where, line=node.start_mark.line + 1, field=_dotted(path) or None)
-    seen.add(id(node))
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        keys: set[Any] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
-            if key in keys:
-                raise InvalidInput(f"duplicate key {key!r}", path=where,
-                                   line=key_node.start_mark.line + 1, field=_dotted(path) or None)
-            keys.add(key)
-            _walk(value_node, (*path, key), lines, seen, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk(item, (*path, i), lines, seen, where)
-
-
-def _dotted(path: Iterable[Any]) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def parse_yaml(text: str, where: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
-    """Parse one YAML document; return the data and a map from field path to line."""
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                raise InvalidInput("the file is empty", path=where)
-            lines: dict[tuple[Any, ...], int] = {}
-            _walk(node, (), lines, set(), where)
-            data = loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except _AliasRefused as exc:
-        raise InvalidInput(str(exc.problem), path=where,
-                           line=exc.problem_mark.line + 1 if exc.problem_mark else None) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise InvalidInput(f"YAML syntax error: {problem}", path=where, line=line) from None
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"YAML error: {str(exc).splitlines()[0]}", path=where) from None
-    except RecursionError:
-        raise InvalidInput("the YAML nests too deeply", path=where) from None
-    return data, lines
 
 
 # --- schema -------------------------------------------------------------------------------

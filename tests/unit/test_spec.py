@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runner.core import yamlfile
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root
 from runner.core.probes import HttpProbe, ServiceProbe
@@ -24,6 +26,7 @@ from runner.core.spec import (
     scenario_from_text,
     scenario_to_dict,
 )
+from runner.core.yamlfile import parse_yaml
 
 GOOD = textwrap.dedent("""\
     id: demo
@@ -284,3 +287,112 @@ def test_the_recheck_keys_in_the_spec_and_the_cassette_schemas(tmp_path: Path) -
                "model": "oracle", "protocol": "tools"}
     for stage, ok in (("pause", True), ("reboot", True), (None, True), ("later", False)):
         assert valid({**verdict, "failed_recheck": stage}) is ok, stage
+
+
+# --- the strict YAML loader (runner/core/yamlfile.py): libyaml first, the reference to word errors
+
+def _either(text: str, accelerated: bool) -> tuple[str, str]:
+    """What ``parse_yaml`` gives, as text that compares NaN equal: ("ok", data+lines) or the error."""
+    try:
+        data, lines = parse_yaml(text, "f.yaml", accelerated=accelerated)
+    except InvalidInput as exc:
+        return "error", str(exc)
+    return "ok", repr((data, sorted(lines.items(), key=repr)))
+
+
+def test_the_loader_is_accelerated_here() -> None:
+    """The fast path is libyaml's: without it every replay re-reads specs 20 times slower."""
+    assert yaml.__with_libyaml__ and yamlfile._FastLoader is not None
+
+
+def test_both_parsers_read_every_committed_spec_and_recipe_alike() -> None:
+    files = sorted((repo_root() / "specs").glob("*.yaml")) + sorted((repo_root() / "images").glob("*.yaml"))
+    assert len(files) > 60
+    for f in files:
+        text = f.read_text()
+        fast, reference = _either(text, True), _either(text, False)
+        assert fast[0] == "ok" and fast == reference, f
+
+
+EDGES = [
+    GOOD.replace("\n", "\r\n"), GOOD.replace("\n", "\r"), GOOD + "description: a\u2028b\n",
+    GOOD + "description: \"a\\u0085b\"\ntags: [x, \"y\"]\n", "%YAML 1.1\n---\n" + GOOD,
+    "%YAML 1.2\n---\n" + GOOD, "%YAML 1.3\n---\n" + GOOD, GOOD + "...\n", "\ufeff" + GOOD,
+    "a: 1e9\nb: .5\nc: -.inf\nd: .NaN\ne: 0x1F\nf: 0o17\ng: 017\nh: 1:30\ni: 1_000\nj: +1.\n",
+    "a: !!str 1\nb: !!binary aGk=\nc: 2001-12-14\nd: ~\ne: yes\nf: [a, {b: c}]\n",
+    "? [a, b]\n: 1\n", "? a\n: 1\n? b\n", "a: |\n  x\n   y\nb: >-\n  z\n\n  w\n",
+    "a: &x 1\nb: 2\n", "&a k: 1\nother: *a\n", "a: &a [1]\nb: *a\n", "a: *nope\n",
+    "a: &a {x: 1}\nb: {<<: *a, y: 2}\n", "a:\n  <<: {x: 1}\n  y: 2\n", "- [" * 600 + "]" * 600,
+    "- " * 1200 + "x\n", "a: 'unterminated\n", "a: b: c\n", "\ta: 1\n", "a: 1\na: 2\n",
+    "x: " + "9" * 4301 + "\n", "x: " + "9" * 4300 + "\n", "x: 0x" + "f" * 4000 + "\n",
+    "? " + "1" * 5000 + "\n: x\n", "x: " + "1" * 5000 + ":30\n", "",
+    "# only a comment\n", "---\n---\n", "a: 1\n--- \nb: 2\n",
+    # each of these once read differently by the two parsers (found by the property test below)
+    "1\t", "a: 1\t\n", "---", "!", "?", "---\n?  _", "&a- \r[?:\x85]", ">#@ \u2028  0",
+    "\ufeff\ufeffaa", "[-6.7\n66e+16, null ?ull, null]\n", "{the?n: x}\n", "[1118?]\n",
+    "a:\n  - x\nb:\n", "a: {x: }\n", "a: [x, ]\n",
+]
+
+HOSTILE = {  # PyYAML's own slips on these were a crash (exit 1, a crash log), not a line
+    "x: !!bool maybe\n": "f.yaml:1: 'maybe' cannot be read as tag:yaml.org,2002:bool",
+    "x: !!int ''\n": "f.yaml:1: '' cannot be read as tag:yaml.org,2002:int",
+    "a: b\nx: \"\\UFFFFFFFF\"\n": "f.yaml:2: YAML syntax error: ",
+}
+
+
+@pytest.mark.parametrize("text", sorted(HOSTILE))
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_a_value_pyyaml_slips_on_is_one_line(text: str, accelerated: bool) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_yaml(text, "f.yaml", accelerated=accelerated)
+    assert str(info.value).startswith(HOSTILE[text]) and "\n" not in str(info.value)
+
+
+def test_a_dot_and_underscores_is_text_not_a_broken_float() -> None:
+    """YAML 1.2's float pattern took `._` for a float, which float() refused: a crash."""
+    for accelerated in (True, False):
+        assert parse_yaml("x: ._\ny: .5_0\n", "f.yaml", accelerated=accelerated)[0] == \
+            {"x": "._", "y": 0.5}
+
+
+@pytest.mark.parametrize("text", EDGES, ids=range(len(EDGES)))
+def test_both_parsers_agree_on_the_edges(text: str) -> None:
+    """Line ends, directives, tags, aliases, nesting past libyaml's depth, huge integers:
+    the data and lines, or the error message, are the reference parser's."""
+    assert _either(text, True) == _either(text, False)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list("ab1:-?[]{},&*!#|>'\"\n\t .e\r%@`~\\x\u2028\x85")),
+               max_size=80) | st.text(max_size=200))
+def test_both_parsers_agree_on_any_text(text: str) -> None:
+    assert _either(text, True) == _either(text, False)
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_an_alias_of_a_key_is_refused_at_its_line(accelerated: bool) -> None:
+    """A key's anchor reused as a value: composed, it is the key node met again."""
+    with pytest.raises(InvalidInput) as info:
+        parse_yaml("&a k: 1\nother: *a\n", "f.yaml", accelerated=accelerated)
+    assert str(info.value) == "f.yaml:2: YAML anchors and aliases are not allowed (an alias *a)"
+
+
+@pytest.mark.parametrize("number", ["9" * 4301, "-" + "9" * 5000, "0x" + "f" * 3600,
+                                    "1" * 4400 + ":30"])
+def test_a_huge_integer_is_one_line_naming_file_and_line(cli: Cli, tmp_path: Path,
+                                                         number: str) -> None:
+    """Python will not print an integer of over 4300 digits: it was a crash (exit 1, crash log)
+    in validate and list; now the loader refuses it where it is written."""
+    path = _write(tmp_path, GOOD.replace("  - name: nginx up\n",
+                                         f"  - name: nginx up\n    weight: {number}\n"))
+    line = GOOD.splitlines().index("  - name: nginx up") + 2
+    want = f"{path}:{line}: probes[0].weight: an integer of over 4300 digits (if it is text, quote it)"
+    r = cli("validate", str(path))  # validate tables each file's verdict on stdout
+    assert (r.returncode, r.stdout.splitlines()[0], r.stderr) == (2, want, ""), r
+    r = cli("list", str(tmp_path))
+    assert (r.returncode, r.stderr.strip()) == (2, f"rootbench: {want}"), r
+
+
+def test_an_integer_of_4300_digits_is_still_a_number(tmp_path: Path) -> None:
+    data, _lines = parse_yaml("x: " + "9" * 4300 + "\n", "f.yaml")
+    assert data["x"] == 10 ** 4300 - 1
