@@ -40,7 +40,7 @@ from runner.core.lasting import UPTIME_COMMAND
 from runner.core.record import weighted_score
 from runner.core.errors import GuestDown, InvalidInput
 from runner.core.guest import CommandResult, RebootResult
-from runner.core.model import ScriptedModel, oracle
+from runner.core.model import ChatRequest, ModelReply, ScriptedModel, oracle
 from runner.core.outcomes import AgentKind, ProbeOutcome, Recheck, Verdict
 from runner.core.paths import repo_root
 from runner.core.probes import ProbeResult
@@ -609,3 +609,69 @@ def test_the_tables_graded_columns_are_graded_fields() -> None:
         Episode.__dataclass_fields__)
     assert [t for _k, t in html_report.OPTIONAL_COLUMNS] == ["hint level", "score", "milestones",
                                                              "time to fix"]
+
+
+# --- rules 3: lasting by default ---------------------------------------------------------------
+
+def test_under_rules_3_every_passing_run_is_rechecked_after_a_reboot_without_asking(
+        tmp_path: Path) -> None:
+    """No ``reboot:`` key: rules 3 reboot anyway, so a fix that lives in /run fails; rules 2
+    passed it, since the spec did not ask."""
+    ep, guest = _lasting(tmp_path, "", ["touch run-a", "touch b"], text=IN_RUN, rules=Rules.V3)
+    assert ep.verdict is Verdict.FAIL and guest.reboots == 1
+    assert ep.reason == "did not survive a reboot: flag a" and ep.failed_recheck is Recheck.REBOOT
+    assert "lasting" in ep.phases and ep.symptom_fixed is True and ep.unsafe_fix is False
+    ep, guest = _lasting(tmp_path, "", ["touch run-a", "touch b"], text=IN_RUN, rules=Rules.V2)
+    assert ep.verdict is Verdict.PASS and guest.reboots == 0 and ep.symptom_fixed is None
+    ep, guest = _lasting(tmp_path, "", ["touch a", "touch b"], rules=Rules.V3)
+    assert ep.verdict is Verdict.PASS and guest.reboots == 1, ep.reason
+
+
+def test_a_spec_opts_out_of_the_reboot_only_with_a_reason(tmp_path: Path) -> None:
+    keys = "lasting: {reboot: false, why: the fault does not survive a boot either}\n"
+    ep, guest = _lasting(tmp_path, keys, ["touch run-a", "touch b"], text=IN_RUN, rules=Rules.V3)
+    assert ep.verdict is Verdict.PASS and guest.reboots == 0
+    with pytest.raises(InvalidInput, match="lasting"):
+        load_spec(_spec(tmp_path, LASTING + "lasting: {reboot: false}\n"))
+    with pytest.raises(InvalidInput, match="say one"):
+        load_spec(_spec(tmp_path, LASTING + keys + "reboot: true\n"))
+    s = load_spec(_spec(tmp_path, LASTING + keys))
+    assert scenario_from_dict(json.loads(json.dumps(scenario_to_dict(s)))) == s
+
+
+def test_under_rules_3_the_models_own_time_is_not_the_agents_budget(tmp_path: Path) -> None:
+    """A model that takes 5 s a reply on a scenario with a 3 s budget: under rules 2 the budget
+    ends the run before the fix; under rules 3 the model's time is counted apart (and
+    recorded), so the same replies get the same verdict on a host of any speed."""
+
+    class Hours(Clock):
+        """A clock that only the model moves: each of its replies takes 5 s, nothing else any."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = 1000.0
+
+        def now(self) -> float:
+            return self.t
+
+        def sleep(self, seconds: float) -> None:
+            self.t += max(seconds, 0.0)
+
+    class Slow(ScriptedModel):
+        def __init__(self, clock: Hours) -> None:
+            super().__init__(AgentKind.ORACLE, ["touch a", "touch b"], "done")
+            self.clock = clock
+
+        def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
+            self.clock.t += 5.0
+            return super().complete(request, timeout)
+
+    scenario = load_spec(_spec(tmp_path, LASTING.replace("\nprobes:", "\nbudget: {seconds: 3}\nprobes:", 1)))
+    assert scenario.budget.seconds == 3
+    for rules, verdict in ((Rules.V2, Verdict.FAIL), (Rules.V3, Verdict.PASS)):
+        clock = Hours()
+        ep = run_episode(scenario, FlagGuest(), Slow(clock), get_protocol("tools"), clock, None,
+                         rules=rules)
+        assert ep.verdict is verdict, (rules, ep.reason)
+        if rules is Rules.V3:
+            assert ep.model_seconds is not None and ep.model_seconds >= 15
