@@ -36,15 +36,15 @@ from runner.core.episode import (
     Episode,
     run_episode,
 )
-from runner.core.lasting import UPTIME_COMMAND
-from runner.core.record import weighted_score
 from runner.core.errors import GuestDown, InvalidInput
 from runner.core.guest import CommandResult, RebootResult
+from runner.core.lasting import UPTIME_COMMAND
 from runner.core.model import ChatRequest, ModelReply, ScriptedModel, oracle
 from runner.core.outcomes import AgentKind, ProbeOutcome, Recheck, Verdict
 from runner.core.paths import repo_root
 from runner.core.probes import ProbeResult
 from runner.core.protocol import get_protocol
+from runner.core.record import weighted_score
 from runner.core.recording import RecordingGuest, RecordingModel
 from runner.core.rules import CURRENT_RULES, Rules
 from runner.core.spec import (
