@@ -35,6 +35,7 @@ valid (``valid`` means every check passed).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -50,14 +51,13 @@ from runner.backends.framing import helper_digest
 from runner.backends.images import load_recipe
 from runner.core import layout
 from runner.core.cassette import Cassette
-from runner.core.cassette_header import CassetteHeader
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.model import commands_digest, noop, oracle, scripted
 from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
 from runner.core.protocol import get_protocol
 from runner.core.rules import CURRENT_RULES
-from runner.core.spec import Scenario
+from runner.core.spec import PROSE_KEYS, Scenario, scenario_to_dict
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.verify")
@@ -282,7 +282,7 @@ def replayed_verdict(path: Path, scenario: Scenario,
         rep = load_replayable(path)
     except InvalidInput as exc:
         return None, f"its recording is unreadable: {one_line(str(exc), 200)}"
-    same_judging = _same_judging(rep.cassette.head, scenario, commands)
+    same_judging = _same_judging(rep.cassette, scenario, commands)
     if not same_judging:
         return None, (f"{path} was recorded against another version of the spec: record it "
                       "again with `rootbench verify`")
@@ -302,19 +302,54 @@ def _recorded_builds(image: Mapping[str, Any]) -> set[tuple[str, str, str]]:
     return out
 
 
-def _same_judging(head: CassetteHeader, scenario: Scenario,
+def _same_judging(cassette: Cassette, scenario: Scenario,
                   commands: Sequence[str] | None = None) -> bool:
-    """Whether a recording was judged by what ``scenario`` says today: the same spec file, or
-    (recorded since judged hashes were written) the same spec but for its prose and its other
-    scripts (:data:`runner.core.spec.PROSE_KEYS`: a task told as a symptom, a hint reworded;
-    an alternative added) and, for a shortcut's or an alternative's run, its very
-    ``commands`` (their hash in the scripted agent's fingerprint)."""
+    """Whether a recording was judged by what ``scenario`` says today.
+
+    The same spec file is; so is a spec changed only in what judges no
+    scripted run (:data:`runner.core.spec.PROSE_KEYS`: a task told as a
+    symptom, a hint reworded; another shortcut or alternative added): the
+    scenario the header recorded and today's, less that prose, must be equal
+    key for key, and a shortcut's or an alternative's run must be of its very
+    ``commands`` (their hash in the scripted agent's fingerprint, or, in a
+    recording from before the fingerprint had one, the commands its replies
+    ran).
+    """
+    head = cassette.head
     if head.spec_hash == scenario.spec_hash:
         return True
-    recorded = head.scenario.get("judged_hash")
-    if not recorded or recorded != scenario.judged_hash:
+    if _judged_view(head.scenario) != _judged_view(scenario_to_dict(scenario)):
         return False
-    return commands is None or head.model.get("commands_sha256") == commands_digest(commands)
+    if commands is None:
+        return True
+    recorded = head.model.get("commands_sha256")
+    if isinstance(recorded, str):
+        return recorded == commands_digest(commands)
+    return _commands_run(cassette) == list(commands)
+
+
+def _judged_view(header_scenario: Mapping[str, Any]) -> str:
+    """A header's scenario as JSON, less what judges no scripted run and what names the file."""
+    skip = PROSE_KEYS | {"path", "spec_hash", "judged_hash"}
+    return json.dumps({k: v for k, v in header_scenario.items() if k not in skip}, sort_keys=True)
+
+
+def _commands_run(cassette: Cassette) -> list[str]:
+    """The commands a scripted agent's recorded replies ran, in order (run_command calls)."""
+    out: list[str] = []
+    for event in cassette.stream("model"):
+        message = (event.get("reply") or {}).get("message") or {}
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or function.get("name") != "run_command":
+                continue
+            try:
+                command = json.loads(function.get("arguments") or "{}").get("command")
+            except (ValueError, AttributeError):
+                command = None
+            if isinstance(command, str):
+                out.append(command)
+    return out
 
 
 def stale_proof(path: Path, scenario: Scenario) -> str | None:
@@ -328,10 +363,11 @@ def stale_proof(path: Path, scenario: Scenario) -> str | None:
     (``verify --oracle changed``); ``make verify`` runs them all.
     """
     try:
-        head = Cassette.load(path).head
+        cassette = Cassette.load(path)
     except (OSError, InvalidInput) as exc:
         return f"no usable recording: {one_line(str(exc), 160)}"
-    if not _same_judging(head, scenario):
+    head = cassette.head
+    if not _same_judging(cassette, scenario):
         return "the spec changed since it was recorded"
     if head.rules != CURRENT_RULES:
         return f"recorded under judging rules {int(head.rules)}, today's are {int(CURRENT_RULES)}"

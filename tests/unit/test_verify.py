@@ -239,3 +239,38 @@ def test_a_recording_proves_a_spec_whose_prose_alone_changed(tmp_path: Path) -> 
     assert edited.judged_hash == base.judged_hash
     assert scripted("x", list(edited.shortcuts[0].commands)).fingerprint()["commands_sha256"] \
         != scripted("x", list(base.shortcuts[0].commands)).fingerprint()["commands_sha256"]
+
+
+def test_a_committed_recording_proves_its_spec_with_the_task_reworded(tmp_path: Path) -> None:
+    """A leaky task told as a symptom: the committed noop and shortcut recordings (made before
+    judged hashes existed) still prove the spec, since the scenario they recorded is today's
+    but for its prose and each shortcut's recorded replies ran its very commands; a changed
+    shortcut's command or a changed probe is not proven."""
+    from runner.app.verify import recorded_noop, recorded_shortcut
+
+    source = repo_root() / "specs" / "nginx-stopped.yaml"
+    text = source.read_text()
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "nginx-stopped.yaml").write_text(text.replace(
+        "task: |\n", "task: |\n  Reworded, as a user would say it.\n", 1))
+    reworded = load_spec(specs / "nginx-stopped.yaml")
+    recorded = repo_root() / "recordings" / "oracle"
+    v = Verification("nginx-stopped")
+    recorded_noop(reworded, recorded, v)
+    assert v.checks["noop fails"] is True, v.problems
+    runs = [recorded_shortcut(reworded, i, recorded) for i in range(len(reworded.shortcuts))]
+    assert all(r.rejected is True for r in runs), [r.reason for r in runs]
+    by_hand = "      - nginx\n  - name: start nginx in a transient unit"
+    assert by_hand in text and reworded.shortcuts[0].commands == ("nginx",)
+    (specs / "nginx-stopped.yaml").write_text(text.replace(by_hand, by_hand.replace(
+        "- nginx", "- /usr/sbin/nginx"), 1))
+    edited = load_spec(specs / "nginx-stopped.yaml")
+    assert edited.shortcuts[0].commands == ("/usr/sbin/nginx",)
+    assert recorded_shortcut(edited, 0, recorded).rejected is None  # not this shortcut's run
+    assert recorded_shortcut(edited, 1, recorded).rejected is True  # the others still proven
+    (specs / "nginx-stopped.yaml").write_text(text.replace("within: 5", "within: 6", 1))
+    probed = load_spec(specs / "nginx-stopped.yaml")
+    v = Verification("nginx-stopped")
+    recorded_noop(probed, recorded, v)
+    assert v.checks["noop fails"] is None and "another version" in v.problems[0]
