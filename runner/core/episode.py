@@ -83,7 +83,8 @@ from runner.core.text import clean_text, head, one_line, tail
 
 # The record and its figures live in runner.core.record; they are named here too, so code
 # that reads an episode keeps importing it from where it always did.
-__all__ = ["DAMAGE_FACTOR", "GRADED_FIELDS", "MODEL_CALL_CAP", "PHASES", "SETUP_TIMEOUT",
+__all__ = ["DAMAGE_FACTOR", "GRADED_FIELDS", "MODEL_CALL_CAP", "MODEL_TIME_FACTOR", "PHASES",
+           "SETUP_TIMEOUT",
            "Episode", "dominant_phase", "run_episode"]
 
 log = logging.getLogger("rootbench.agent")

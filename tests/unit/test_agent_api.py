@@ -45,7 +45,7 @@ from runner.core.agent_input import (
 )
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
-from runner.core.episode import Episode, run_episode
+from runner.core.episode import MODEL_TIME_FACTOR, Episode, run_episode
 from runner.core.errors import AgentInputError, InvalidInput
 from runner.core.guest import CommandResult
 from runner.core.outcomes import AgentKind, StopReason, Verdict
@@ -195,7 +195,7 @@ class Sleeper:
     def solve(self, task: str, shell: Shell) -> None:
         type(self).after = []
         shell.run("touch a")
-        time.sleep(4)
+        time.sleep(8)
         try:
             shell.run("touch b")
         except EpisodeOver as exc:
@@ -204,10 +204,14 @@ class Sleeper:
 
 
 def test_an_agent_that_outthinks_the_budget_is_ended_by_it_and_told_so(tmp_path: Path) -> None:
+    """Under rules 3 an agent's own thinking is its model time, which the scenario's budget
+    does not count; it is bounded by its own ceiling, MODEL_TIME_FACTOR times the budget (a
+    1 s budget: 6 s), and an agent that thinks past that is ended by it and told so."""
     t0 = time.monotonic()
     cassette = tmp_path / "sleeper.jsonl"
-    ep, model = _episode(tmp_path, Sleeper, cassette=cassette, seconds=2)
-    assert time.monotonic() - t0 < 3.5  # ended by the budget, not by the agent waking up
+    ep, model = _episode(tmp_path, Sleeper, cassette=cassette, seconds=1)
+    # ended at its compute ceiling, not by the agent waking up after 8 s
+    assert time.monotonic() - t0 < MODEL_TIME_FACTOR * 1 + 1.5
     assert ep.stop is StopReason.SECONDS and ep.verdict is Verdict.FAIL and ep.commands == 1
     assert model.thread is not None
     model.thread.join(10)
@@ -223,8 +227,8 @@ class Forever:
 
 def test_an_agent_that_never_returns_is_abandoned_at_the_time_budget(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    ep, model = _episode(tmp_path, Forever, seconds=2)
-    assert time.monotonic() - t0 < 3.5
+    ep, model = _episode(tmp_path, Forever, seconds=1)
+    assert time.monotonic() - t0 < MODEL_TIME_FACTOR * 1 + 1.5  # its compute ceiling (rules 3)
     assert ep.stop is StopReason.SECONDS and ep.commands == 1
     assert model.thread is not None and model.thread.daemon and model.thread.is_alive()
 
