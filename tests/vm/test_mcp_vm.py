@@ -59,7 +59,8 @@ def test_the_oracle_through_the_sdk_client_over_stdio_passes_and_replays(
     solution = list(load_spec(ROOT / SPEC).solution)
 
     async def client() -> tuple[str, list[str], list[str], str, str]:
-        async with Client(_params(runs), read_timeout_seconds=300) as c:
+        # finish answers once judged, and a pass is judged to its reboot re-check (rules 3)
+        async with Client(_params(runs), read_timeout_seconds=900) as c:
             tools = sorted(t.name for t in (await c.list_tools()).tools)
             prompt = await c.get_prompt("task")
             outputs = [_text(await c.call_tool("run_command", {"command": cmd}))
@@ -171,7 +172,8 @@ def test_a_client_that_disconnects_mid_command_is_judged_and_leaves_no_vm(
     t0 = time.monotonic()
     anyio.run(client)
     assert seen["holder"] and seen["qemu"], seen
-    ep = _results(runs)
+    # A passing run is judged to its end: the state diff, then (rules 3) a reboot re-check.
+    ep = _results(runs, within=900)
     # Honest: judged on the machine as the client left it (711: traversable, so the site is
     # fixed even though the client never said so), not counted as an infrastructure failure.
     assert ep["verdict"] == "pass" and ep["stop"] == "finish" and ep["commands"] == 2, ep
@@ -182,4 +184,4 @@ def test_a_client_that_disconnects_mid_command_is_judged_and_leaves_no_vm(
     while any(Path(f"/proc/{p}").exists() for p in seen["qemu"] | {seen["holder"]}):
         assert time.monotonic() < deadline, "the episode's process or its VM is still there"
         time.sleep(0.5)
-    assert time.monotonic() - t0 < 300
+    assert time.monotonic() - t0 < 1000
