@@ -25,11 +25,12 @@ from urllib.parse import urlsplit
 import jsonschema
 
 from runner.core.errors import InvalidInput
-from runner.core.machines import MAX_MACHINES, Access, Machine
+from runner.core.machines import MAX_MACHINES, Access, Machine, name_problem
 from runner.core.paths import find_recipe, image_dirs, schema_path
 from runner.core.patterns import PatternError, compile_pattern
 from runner.core.probes import KINDS, ProbeKind
 from runner.core.rules import CURRENT_RULES, Rules
+from runner.core.text import reason_first
 from runner.core.yamlfile import dotted as _dotted
 from runner.core.yamlfile import parse_yaml
 
@@ -364,9 +365,7 @@ def validate_document(data: Any, lines: dict[tuple[Any, ...], int], where: str,
     best = jsonschema.exceptions.best_match(errors)
     assert best is not None
     path = tuple(best.absolute_path)
-    message = best.message
-    if len(message) > 200:
-        message = message[:200] + "..."
+    message = reason_first(best.message, best.instance)
     if best.validator == "type" and isinstance(best.instance, str) and _looks_numeric(best.instance):
         message += " (it is quoted, so YAML reads it as text: write the number without quotes)"
     raise InvalidInput(message, path=where, line=_line_for(lines, path),
@@ -502,6 +501,8 @@ def _check_machines(data: dict[str, Any], where: str, lines: dict[tuple[Any, ...
     for i, m in enumerate(machines or ()):
         if m["name"] in names:
             raise bad(f"machine name {m['name']!r} is used twice", ("machines", i, "name"))
+        if (why := name_problem(m["name"])) is not None:
+            raise bad(why, ("machines", i, "name"))
         names.append(m["name"])
     refs: list[tuple[tuple[Any, ...], Any]] = []
     if "agent_machine" in data:
@@ -727,6 +728,8 @@ def _machines_from_dict(fields: dict[str, Any]) -> None:
         if not isinstance(m, dict) or not isinstance(m.get("name"), str) \
                 or not isinstance(m.get("image"), str) or set(m) - {"name", "image"}:
             raise TypeError("a machine must be a mapping of name and image (strings)")
+        if (why := name_problem(m["name"])) is not None:
+            raise TypeError(why)
         built.append(Machine(name=m["name"], image=m["image"], index=i))
     fields["machines"] = tuple(built)
     names = {m.name for m in built}

@@ -234,3 +234,27 @@ def test_a_schema_error_about_a_long_value_keeps_its_reason(tmp_path: Path) -> N
         load_results(run)
     assert err.value.field == "episodes[0].scenario", err.value
     assert err.value.detail.endswith(" is too long"), err.value.detail
+
+
+def test_a_machine_named_localhost_is_refused_in_one_line(tmp_path: Path, cli: Cli) -> None:
+    spec = tmp_path / "two.yaml"
+    spec.write_text(
+        "id: two\ntitle: t\ntask: t\naccess: network\n"
+        "machines:\n  - {name: app, image: debian-12-nginx}\n"
+        "  - {name: localhost, image: debian-12-nginx}\n"
+        "setup: ['true']\nprobes:\n  - service: {name: nginx, active: true}\nsolution: ['true']\n")
+    r = cli("validate", str(spec))
+    [line, summary] = r.stdout.strip().splitlines()  # validate reports each file on stdout
+    assert r.returncode == 2 and "machines[1].name" in line and "reserved" in line, r.stdout
+    assert summary == "0 valid, 1 invalid"
+
+
+def test_a_spec_with_too_many_machines_says_why_first(tmp_path: Path, cli: Cli) -> None:
+    machines = "".join(f"  - {{name: m{i}, image: debian-12-nginx}}\n" for i in range(100))
+    spec = tmp_path / "many.yaml"
+    spec.write_text("id: many\ntitle: t\ntask: t\naccess: network\nmachines:\n" + machines +
+                    "setup: ['true']\nprobes:\n  - service: {name: nginx, active: true}\n"
+                    "solution: ['true']\n")
+    r = cli("validate", str(spec))
+    line = r.stdout.splitlines()[0]
+    assert r.returncode == 2 and line.endswith("is too long") and len(line) < 400, r.stdout
