@@ -47,7 +47,7 @@ from runner.app.outputs import atomic_write, check_dir_target, check_file_target
 from runner.app.perf import measure, render
 from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import JOIN_TIMEOUT, RayExecutor, reachable, resolve_auto
-from runner.app.replay import ReplayOutcome, load_replayable, replay_loaded, unreadable
+from runner.app.replay import OutcomeTable, ReplayOutcome, replay_all, unreadable
 from runner.app.report import FORMATS, pass_at, render_rows, render_table
 from runner.app.runs import (
     is_recordings,
@@ -797,27 +797,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # A named path that does not exist is exit 2 at once; an unlistable subfolder is tabled.
     paths = find_cassettes(args.paths, unreadable=folders)
     outcomes: list[ReplayOutcome] = []
+    # Each row is printed as soon as its cassette and every one before it are decided.
+    table = OutcomeTable(args.format, [str(f) for f, _why in folders] + [str(p) for p in paths])
+    _out(table.head())
     for folder, why in folders:
         exc = InvalidInput(why, path=str(folder))
         _err(f"rootbench: {exc}")
         outcomes.append(unreadable(folder, exc))
+        _out(table.row(outcomes[-1]))
     t0 = time.monotonic()
-    for path in paths:
-        try:
-            rep = load_replayable(path)
-        except InvalidInput as exc:
-            _err(f"rootbench: {exc}")
-            outcomes.append(unreadable(path, exc))
-            continue
-        outcomes.append(replay_loaded(rep, offline=args.offline, lenient=args.lenient,
-                                      allow_spec_changes=args.allow_spec_changes,
-                                      accel=args.accel, transport=args.transport,
-                                      specs=specs))
-    rows = [[o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
-             o.result.value, o.note if args.format == "json" else o.note[:120]]
-            for o in outcomes]
-    _out(render_rows(["cassette", "scenario", "recorded", "replayed", "same", "outcome", "note"],
-                     rows, args.format))
+    with contextlib.closing(replay_all(paths, offline=args.offline, lenient=args.lenient,
+                                       allow_spec_changes=args.allow_spec_changes,
+                                       accel=args.accel, transport=args.transport, specs=specs,
+                                       jobs=1 if args.verbose else None)) as decided:
+        for done in decided:  # -v: one process, so each cassette's progress lines stay together
+            if done.error is not None:
+                _err(f"rootbench: {done.error}")
+            outcomes.append(done.outcome)
+            _out(table.row(done.outcome))
+    if (end := table.end()) is not None:
+        _out(end)
     counts = {r: sum(o.result is r for o in outcomes) for r in ReplayResult}
     if args.format != "json":
         others = ", ".join(f"{n} {r.value}" for r, n in counts.items()

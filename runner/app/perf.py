@@ -9,6 +9,7 @@ same llama-server path a bench uses.
 from __future__ import annotations
 
 import logging
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from runner.app.model_figures import (
     recorded_bench_figures,
     speculative_figures,
 )
-from runner.app.replay import replay_one
+from runner.app.replay import replay_all, replay_jobs
 from runner.backends.fleet import Fleet
 from runner.backends.images import ensure_image
 from runner.backends.llama import DEFAULT_MODEL, LlamaServer, ensure_llama_server, fetch_model
@@ -338,14 +339,22 @@ def _replay_figures() -> dict[str, Any]:
     paths = find_cassettes([Path("recordings")])
     if not paths:
         return {"replay_offline_s": None, "turn_overhead_ms": None, "replay_cassettes": 0}
+    # As `rootbench replay --offline` runs them (both cores); the time per turn is CPU time,
+    # this process's and its workers', which a second worker does not halve.
+    cpu = _cpu_seconds()
     t0 = time.monotonic()
-    turns = 0
-    for p in paths:
-        o = replay_one(p, offline=True)
-        turns += max(o.turns, 1)
+    turns = sum(max(d.outcome.turns, 1) for d in replay_all(paths, offline=True))
     total = time.monotonic() - t0
+    cpu = _cpu_seconds() - cpu
     return {"replay_offline_s": round(total, 3), "replay_cassettes": len(paths),
-            "turn_overhead_ms": round(total * 1000 / turns, 3)}
+            "replay_jobs": replay_jobs(len(paths), offline=True),
+            "turn_overhead_ms": round(cpu * 1000 / turns, 3)}
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    me, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def measure_speed(model_name: str | None) -> dict[str, Any]:

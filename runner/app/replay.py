@@ -10,12 +10,20 @@ end, to another verdict or other flags) and ``same``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import math
+import multiprocessing
+import os
+import signal
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner.app.episodes import machinery
+from runner.backends.process import die_with_parent
 from runner.core.cassette import Cassette
 from runner.core.clock import Clock
 from runner.core.episode import GRADED_FIELDS, Episode, run_episode
@@ -372,3 +380,155 @@ def _run(rep: Replayable, model: ReplayModel, guest: ReplayGuest | None,
                            vm_killed=box.killed_externally, round_=round_,
                            hint_level=rep.hint_level, track_fix=rep.track_fix,
                            restore_seconds=box.ready_s, rules=rep.rules)
+
+
+# --- many cassettes: both cores, each outcome handed back in order as soon as it is decided --
+
+# Offline replay is pure CPU (the guest, the model and the clock are the cassette's): one
+# process per core. Two, because the development machine and CI have two and are shared; a
+# replay against VMs stays one at a time (each boots a VM).
+REPLAY_JOBS = 2
+MIN_POOLED = 16  # fewer cassettes than this replay in the caller: a pool would cost more than it saves
+CHUNK = 4  # cassettes a worker takes at a time: ~10 ms each, so the order streams and stays balanced
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One cassette's outcome, as :func:`replay_all` hands it back.
+
+    ``error`` is the one-line reason of an ``unreadable`` cassette, as the
+    command prints it on stderr (the outcome's note is the same, cut for a table).
+    """
+
+    outcome: ReplayOutcome
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What every cassette of one :func:`replay_all` is replayed with (sent to each worker)."""
+
+    offline: bool
+    lenient: bool
+    allow_spec_changes: bool
+    accel: str
+    transport: str
+    specs: tuple[Path, ...] | None
+    keep_episode: bool
+
+
+def _decide(path: Path, options: _Options) -> Decided:
+    """Replay one cassette; an unreadable one is its outcome, never an exception."""
+    try:
+        rep = load_replayable(path)
+    except InvalidInput as exc:
+        return Decided(unreadable(path, exc), str(exc))
+    outcome = replay_loaded(rep, offline=options.offline, lenient=options.lenient,
+                            allow_spec_changes=options.allow_spec_changes, accel=options.accel,
+                            transport=options.transport,
+                            specs=list(options.specs) if options.specs is not None else None)
+    if not options.keep_episode:
+        outcome.episode = None  # what a worker sends back is the table's, not the whole run
+    return Decided(outcome)
+
+
+def _worker_start() -> None:
+    """A pool worker: Ctrl-C is the parent's to handle (it ends the pool), SIGTERM (the pool's
+    terminate) ends it at once, and it dies with the parent, so none outlives the command."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+
+
+def replay_jobs(count: int, *, offline: bool) -> int:
+    """How many processes replay ``count`` cassettes: :data:`REPLAY_JOBS` offline (at most the
+    cores this process may use), one for a few cassettes, against VMs, or where fork is not."""
+    if not offline or count < MIN_POOLED or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(REPLAY_JOBS, len(os.sched_getaffinity(0))))
+
+
+def replay_all(paths: Sequence[Path], *, offline: bool, lenient: bool = False,
+               allow_spec_changes: bool = False, accel: str = "auto",
+               transport: str = "serial", specs: list[Path] | None = None,
+               jobs: int | None = None) -> Generator[Decided, None, None]:
+    """Each cassette's outcome, in the order of ``paths``, each as soon as it and every one
+    before it are decided (the order never depends on which worker was faster).
+
+    ``jobs`` processes replay them (default :func:`replay_jobs`). Workers are
+    forked from this process, so they start in milliseconds with what it has
+    already imported; a pooled outcome carries no ``episode`` (the run is the
+    worker's: only the table's fields come back). Closing the iterator (the
+    reader went away, Ctrl-C) ends the workers at once, mid-cassette.
+    """
+    options = _Options(offline, lenient, allow_spec_changes, accel, transport,
+                       tuple(specs) if specs is not None else None,
+                       keep_episode=False)
+    jobs = replay_jobs(len(paths), offline=offline) if jobs is None else jobs
+    if jobs <= 1 or len(paths) < 2:
+        for path in paths:
+            yield _decide(path, dataclasses.replace(options, keep_episode=True))
+        return
+    # The first here, before the fork: what every cassette needs once (the compiled cassette
+    # schema, ~0.1 s) is then the workers' from the start, and the first row comes at once.
+    yield _decide(paths[0], options)
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start) as pool:
+        # Pool.__exit__ is terminate(): a reader that stops reading stops the workers too.
+        yield from pool.imap(functools.partial(_decide, options=options), paths[1:], CHUNK)
+
+
+# --- the replay command's table, a row at a time ----------------------------------------------
+
+COLUMNS = ("cassette", "scenario", "recorded", "replayed", "same", "outcome", "note")
+NOTE_WIDTH = 120  # a table cuts a note here; JSON keeps it whole
+
+
+class OutcomeTable:
+    """The replay command's table, printed a row at a time as each cassette is decided.
+
+    A table (``github``, ``plain``) cannot wait for every row to size its columns, so
+    the widths are fixed before the first: the cassettes' own names are known, the
+    scenario column is as wide as the longest name a cassette file suggests, and the
+    others are as wide as their usual values (a longer value widens its own row only).
+    ``json`` is the one JSON document stdout promises, an array written an element at
+    a time.
+    """
+
+    def __init__(self, fmt: str, cassettes: Sequence[str]) -> None:
+        self.fmt = fmt
+        self._rows = 0
+        names = [Path(c).name.split(".")[0] for c in cassettes]
+        self.widths = [max([len(COLUMNS[0]), *map(len, cassettes)]),
+                       max([len(COLUMNS[1]), *map(len, names)]), 24, 24, 4, 12, 0]
+
+    @staticmethod
+    def cells(o: ReplayOutcome, note_width: int | None = NOTE_WIDTH) -> list[str]:
+        """One outcome as the table's cells."""
+        return [o.cassette, o.scenario, o.recorded, o.replayed, "yes" if o.same else "NO",
+                o.result.value, o.note if note_width is None else o.note[:note_width]]
+
+    def _line(self, cells: Sequence[str]) -> str:
+        if self.fmt == "plain":
+            return "  ".join(c.ljust(w) for c, w in zip(cells, self.widths, strict=True)).rstrip()
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, self.widths, strict=True)) + " |"
+
+    def head(self) -> str:
+        """What comes before the first row."""
+        if self.fmt == "json":
+            return "["
+        if self.fmt == "plain":
+            return self._line(COLUMNS)
+        rule = "|" + "|".join("-" * (w + 2) for w in self.widths) + "|"
+        return self._line(COLUMNS) + "\n" + rule
+
+    def row(self, o: ReplayOutcome) -> str:
+        """One outcome's row (an element of the JSON array)."""
+        self._rows += 1
+        if self.fmt == "json":
+            element = json.dumps(dict(zip(COLUMNS, self.cells(o, None), strict=True)))
+            return ("  " if self._rows == 1 else ", ") + element
+        return self._line(self.cells(o))
+
+    def end(self) -> str | None:
+        """What comes after the last row (None: nothing)."""
+        return "]" if self.fmt == "json" else None

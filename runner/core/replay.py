@@ -11,6 +11,7 @@ however faithfully it replays.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.core.cassette import Cassette, CassetteWriter, first_difference, request_record
+from runner.core.cassette import Cassette, CassetteWriter, digest, first_difference
 from runner.core.clock import Clock
 from runner.core.errors import (
     ContextExhausted,
@@ -51,11 +52,13 @@ class _Stream:
         self._describe = describe
         self.lock = threading.Lock()  # the machines of a run share one stream (and reboot from threads)
 
-    def next(self, wanted: str, prefer: Callable[[dict[str, Any]], bool] | None = None,
+    def next(self, wanted: str | Callable[[], str],
+             prefer: Callable[[dict[str, Any]], bool] | None = None,
              unordered: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         """The next event; with ``prefer``, the first event it accepts among the run of events
         from here on that ``unordered`` says happened side by side (their order is not
-        recorded), brought forward."""
+        recorded), brought forward. ``wanted`` says what the run asked for, for the message
+        when nothing is left (a callable: made only then, as a replay asks ~100 times a run)."""
         if prefer is not None and unordered is not None:
             i = self.served
             while i < len(self._events) and unordered(self._events[i]):
@@ -65,7 +68,8 @@ class _Stream:
                 i += 1
         if self.served >= len(self._events):
             raise ReplayMismatch(f"the cassette has no more {self.what} events "
-                                 f"(after {self.served}); the run wanted {wanted}")
+                                 f"(after {self.served}); the run wanted "
+                                 f"{wanted if isinstance(wanted, str) else wanted()}")
         event = self._events[self.served]
         self.served += 1
         return event
@@ -127,7 +131,9 @@ class ReplayModel(Model):
         self.turn += 1
         event = self._stream.next(f"the reply to turn {self.turn}")
         recorded = event.get("request", {})
-        if recorded.get("digest") != request_record(request)["digest"]:
+        # request_record's digest, without its digest of each message: first_difference makes
+        # those when there is a difference to find (a replay asks ~4,000 requests a run)
+        if recorded.get("digest") != digest(request.payload()):
             why = f"turn {self.turn}: the request differs from the recording: " \
                   f"{first_difference(recorded, request)}"
             if not self._lenient:
@@ -271,9 +277,11 @@ class ReplayGuest(Guest):
     def _serve(self, op: str, given: dict[str, Any]) -> dict[str, Any]:
         # The machines of a run reboot side by side: among the reboots recorded in a row, this
         # machine's is served whatever its place (single-machine cassettes have one at most).
-        event = self._stream.next(f"{op} {_short(_served(given))}",
-                                  prefer=lambda e: e.get("machine") == self.machine,
-                                  unordered=lambda e: e.get("op") == "reboot" and op == "reboot")
+        rebooting = op == "reboot"
+        event = self._stream.next(
+            lambda: f"{op} {_short(_served(given))}",
+            prefer=(lambda e: e.get("machine") == self.machine) if rebooting else None,
+            unordered=(lambda e: e.get("op") == "reboot") if rebooting else None)
         # A changed timeout or cap does not change what was served; a changed command does.
         then_op = str(event.get("op"))
         recorded_op = _OLD_OPS.get(then_op, then_op)
@@ -288,7 +296,7 @@ class ReplayGuest(Guest):
                 f"{where}: op: the run wanted {op} {_short(_served(given))}, the cassette has "
                 f"{event.get('op')} {_short(_served(event.get('input') or {}))}")
         now, then = _served(given), _served(event.get("input") or {})
-        for key in sorted(now.keys() | then.keys()):
+        for key in sorted(now.keys() | then.keys()) if now != then else ():
             if now.get(key) != then.get(key):
                 raise ReplayMismatch(
                     f"{where} ({op}): input.{key}: the run wanted {_short(now.get(key))}, "
@@ -325,33 +333,66 @@ class ReplayGuest(Guest):
 
 # --- has the spec changed since the recording? -----------------------------------------------
 
-def _sha256(path: Path) -> str:
-    """The spec's hash as :func:`runner.core.spec.scenario_from_text` computes it."""
-    return hashlib.sha256(read_text(path).encode()).hexdigest()
+# (a spec file's path, the sha256 of its text) -> the id in it, None when it does not load. A
+# replay looks one spec up per cassette, a thousand times over the same few files: each file
+# is parsed once per process, and a file whose text changed is another key, never served stale.
+_SPEC_IDS: dict[tuple[str, str], str | None] = {}
+_SPEC_IDS_MAX = 4096  # a long-lived process (the MCP server) keeps no more than this
 
 
-def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> Path | None:
-    """The spec file in ``dirs`` whose ``id`` is ``scenario_id`` (``<id>.yaml`` is tried first).
-
-    Only files inside those folders are read: a spec file that is a symlink out
-    of its folder is skipped, and a folder that cannot be listed holds nothing.
-    """
-    files: list[Path] = []
-    for d in dirs:
+def _spec_id(path: Path) -> tuple[str | None, str]:
+    """The ``id`` of the spec at ``path`` (None if it does not load) and the sha256 of its text,
+    as :func:`runner.core.spec.scenario_from_text` computes it; InvalidInput if unreadable."""
+    text = read_text(path)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    key = (str(path), digest)
+    if key not in _SPEC_IDS:
         try:
-            if not d.is_dir():
-                continue
-            files += [f for f in spec_files([d]) if f.is_file() and contained(f, d) is not None]
-        except (OSError, RuntimeError):
-            continue
-    files.sort(key=lambda f: f.stem != scenario_id)  # stable: the rest keep their order
-    for f in files:
-        try:
-            data, _lines = parse_yaml(read_text(f), str(f))
+            data, _lines = parse_yaml(text, str(path))
         except InvalidInput:
-            continue  # a broken spec is not the one we look for; validate reports it
-        if isinstance(data, dict) and data.get("id") == scenario_id:
-            return f
+            data = None  # a broken spec is not the one we look for; validate reports it
+        found = data.get("id") if isinstance(data, dict) else None
+        if len(_SPEC_IDS) >= _SPEC_IDS_MAX:
+            _SPEC_IDS.clear()
+        _SPEC_IDS[key] = found if isinstance(found, str) else None
+    return _SPEC_IDS[key], digest
+
+
+def _spec_files(d: Path, named: str | None) -> list[Path]:
+    """The spec files of folder ``d`` that lie inside it (a symlink out of it is skipped): with
+    ``named``, only ``<named>.yaml`` and ``<named>.yml``; none if ``d`` cannot be listed."""
+    try:
+        if not d.is_dir():
+            return []
+        if named is None:
+            found = spec_files([d])
+        elif "/" in named or named in ("", ".", ".."):
+            return []  # an id is a file name, never a path (the header's is the user's text)
+        else:
+            found = [d / f"{named}.yaml", d / f"{named}.yml"]
+        return [f for f in found if f.is_file() and contained(f, d) is not None]
+    except (OSError, RuntimeError, ValueError):
+        return []
+
+
+def _spec_by_id(scenario_id: str, dirs: Iterable[Path]) -> tuple[Path, str] | None:
+    """The spec file in ``dirs`` whose ``id`` is ``scenario_id``, and the sha256 of its text.
+
+    ``<id>.yaml`` (or ``.yml``) in each folder is tried first, then every other
+    spec file in the folders' order. Only files inside those folders are read:
+    a spec file that is a symlink out of its folder is skipped, and a folder
+    that cannot be listed holds nothing.
+    """
+    dirs = list(dirs)
+    named = [f for d in dirs for f in _spec_files(d, scenario_id)]
+    others = (f for d in dirs for f in _spec_files(d, None) if f not in named)  # listed if need be
+    for f in itertools.chain(named, others):
+        try:
+            found, digest = _spec_id(f)
+        except InvalidInput:
+            continue  # unreadable: not the one we look for either
+        if found == scenario_id:
+            return f, digest
     return None
 
 
@@ -373,15 +414,12 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
     scenario_id = cassette.head.scenario_id
     dirs = list(specs_dirs) if specs_dirs is not None else default_spec_dirs()
     beside = Path(cassette.path).parent
-    spec = _spec_by_id(scenario_id, [*dirs, beside])
-    if spec is None:
+    found = _spec_by_id(scenario_id, [*dirs, beside])
+    if found is None:
         where = ", ".join(str(d) for d in [*dirs, beside])
         return (f"cannot prove the replay the same: no spec with id {scenario_id!r} in {where} "
                 "to check the recording against (give its folder with --specs)")
-    try:
-        now = _sha256(spec)
-    except InvalidInput as exc:
-        return f"the spec {spec} cannot be read any more: {exc.detail}"
+    spec, now = found
     if now != recorded:
         return f"{spec} changed since the recording (sha256 {recorded[:12]} -> {now[:12]})"
     return None

@@ -13,15 +13,25 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Cli
+from conftest import Cli, cli_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.app.replay import load_replayable, replay_loaded
+from runner.app.replay import (
+    OutcomeTable,
+    load_replayable,
+    replay_all,
+    replay_jobs,
+    replay_loaded,
+    replay_one,
+)
+from runner.core import replay as core_replay
 from runner.core.cassette import Cassette, CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import run_episode
@@ -553,3 +563,115 @@ def test_a_live_model_is_only_asked_on_a_strict_offline_replay() -> None:
     with pytest.raises(ValueError):
         replay_loaded(load_replayable(path), offline=True, lenient=True,
                       live=ReplayModel(Cassette.load(path)))
+
+
+# --- many cassettes: both cores, in order, streamed; the specs read once ---------------------
+
+def _processes_naming(text: str) -> list[int]:
+    """PIDs whose command line names ``text`` (a test's own temporary folder)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it ended while we looked
+    return found
+
+
+def test_replay_all_hands_back_every_outcome_in_the_order_given(tmp_path: Path) -> None:
+    """Two workers, outcomes in the input order whichever finished first: the same rows as
+    one process gives, an unreadable cassette's reason in its own place."""
+    oracle = sorted((ROOT / "recordings" / "oracle").glob("*.jsonl"))[:40]
+    broken = _write(tmp_path / "broken.jsonl", [{"type": "header", "format": 99}])
+    paths = [*oracle[:17], broken, *oracle[17:]]
+    assert replay_jobs(len(paths), offline=True) == 2 and replay_jobs(3, offline=True) == 1
+    one = list(replay_all(paths, offline=True, jobs=1))
+    two = list(replay_all(paths, offline=True, jobs=2))
+    assert [OutcomeTable.cells(d.outcome) for d in two] == \
+        [OutcomeTable.cells(d.outcome) for d in one]
+    assert [d.outcome.cassette for d in two] == [str(p) for p in paths]
+    assert [d.error is not None for d in two] == [p == broken for p in paths]
+    assert str(broken) in (two[17].error or "") and two[17].outcome.result is ReplayResult.UNREADABLE
+    assert all(d.outcome.same for d in two if d.error is None)
+    assert one[0].outcome.episode is not None  # in the caller's process the whole run is kept
+
+
+def test_a_spec_is_parsed_once_and_never_served_stale(tmp_path: Path) -> None:
+    """The ids of the spec files are cached by path and sha256 of the text: replaying a
+    scenario's cassettes parses its spec once, and a spec edited since is read afresh."""
+    cassette, spec = _copy_with_spec(tmp_path)
+    copies = [shutil.copy(cassette, tmp_path / "cassettes" / f"c{i}.jsonl") for i in range(3)]
+    core_replay._SPEC_IDS.clear()
+    assert all(replay_one(Path(c), offline=True, specs=[spec.parent]).same for c in copies)
+    assert list(core_replay._SPEC_IDS) == [(str(spec), _sha(spec))]
+    # The same size and place, another id: a cache keyed by the path alone would still say
+    # "cpu-hog" and report an edit; read afresh, the id is gone.
+    spec.write_text(spec.read_text().replace("id: cpu-hog", "id: cpu-hox"))
+    out = replay_one(cassette, offline=True, specs=[spec.parent])
+    assert out.result is ReplayResult.SPEC_CHANGED and "no spec with id 'cpu-hog'" in out.note
+    spec.write_text(spec.read_text().replace("id: cpu-hox", "id: cpu-hog"))
+    assert replay_one(cassette, offline=True, specs=[spec.parent]).same
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_id_is_a_file_name_never_a_path(tmp_path: Path) -> None:
+    """``<id>.yaml`` is tried first; a header's id with a slash names no file outside the folder."""
+    events = _events(ORACLE)
+    events[0]["scenario"]["id"] = events[-1]["scenario"] = "../outside/cpu-hog"
+    (tmp_path / "outside").mkdir()
+    shutil.copy(ROOT / "specs" / "cpu-hog.yaml", tmp_path / "outside" / "cpu-hog.yaml")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    cas = Cassette.load(_write(tmp_path / "c" / "x.jsonl", events))
+    assert "no spec with id '../outside/cpu-hog'" in (spec_change(cas, [specs]) or "")
+
+
+def test_rows_stream_and_ctrl_c_ends_every_worker(tmp_path: Path) -> None:
+    # A process: Ctrl-C, and the workers it must end, are only seen from outside one.
+    folder = tmp_path / "oracle"
+    folder.symlink_to(ROOT / "recordings" / "oracle")
+    proc = subprocess.Popen(cli_argv("replay", "--offline", *[str(folder)] * 10),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    try:
+        lines = [proc.stdout.readline() for _ in range(6)]  # the head, the parent's row, 3 pooled
+        assert lines[0].startswith("| cassette ") and all(
+            ln.startswith(f"| {folder}/") and "| same " in ln for ln in lines[2:]), lines
+        assert len(_processes_naming(str(tmp_path))) == 3  # the command and its two workers
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    # 4,380 cassettes take seconds: the rows came as each was decided, and the run ended at the
+    # first Ctrl-C, before its summary, its workers with it.
+    assert proc.returncode == 130 and "replayed verdicts equal" not in out, err
+    assert err.strip().splitlines()[-1] == "rootbench: interrupted", err
+    assert "Traceback" not in err
+    assert _processes_naming(str(tmp_path)) == []
+
+
+def test_a_closed_pipe_ends_the_run_and_its_workers(tmp_path: Path) -> None:
+    # A process: the reader of its stdout pipe goes away (`replay ... | head -3`).
+    folder = tmp_path / "oracle"
+    folder.symlink_to(ROOT / "recordings" / "oracle")
+    proc = subprocess.Popen(cli_argv("replay", "--offline", *[str(folder)] * 10),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    head = [proc.stdout.readline() for _ in range(4)]
+    assert head[3].startswith(f"| {folder}/".encode()), head
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1  # docs/cli.md: stdout closed early is exit 1
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert _processes_naming(str(tmp_path)) == []
+
+
+def test_json_rows_stream_as_one_document(cli: Cli) -> None:
+    oracle = sorted(str(p) for p in (ROOT / "recordings" / "oracle").glob("*.jsonl"))[:20]
+    r = cli("-q", "replay", "--offline", "--format", "json", *oracle)
+    rows = json.loads(r.stdout)  # the whole of stdout
+    assert r.returncode == 0 and [row["cassette"] for row in rows] == oracle
+    assert all(row["outcome"] == "same" and row["same"] == "yes" for row in rows)
