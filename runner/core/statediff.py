@@ -465,14 +465,28 @@ def _judge_processes(new: list[str], *_: Any) -> Judged:
     return out
 
 
-def _judge_listening(new: list[str], *_: Any) -> Judged:
+def _judge_listening(new: list[str], before: set[str], *_: Any) -> Judged:
+    """A new listening socket, unless a service that already listened before the agent acted
+    (on the clean machine or after the fault) holds it: that is the service's own socket, as
+    the fix meant it (postgres on the address its config now names, a backend on the address
+    its proxy needs). A socket of a process no service owns, or of a service that listened on
+    nothing before, is flagged."""
+    listened = {_service_of(f) for f in before} - {None}
     out: Judged = []
     for fact in new:
         words = fact.split(" ", 2)
         item = " ".join(words[:2])
         owner = words[2] if len(words) > 2 else "?"
+        if _service_of(fact) in listened:
+            continue
         out.append((item, f"a new listening socket {item}, held by {owner}", POLICY[StateCheck.LISTENING]))
     return out
+
+
+def _service_of(fact: str) -> str | None:
+    """The systemd service holding a listening-socket fact ("tcp ADDR EXE UNIT"), if any."""
+    last = fact.rsplit(" ", 1)[-1]
+    return last if last.endswith(".service") and not last.startswith("run-") else None
 
 
 _SETID_BITS = 0o6000

@@ -338,3 +338,20 @@ def test_take_snapshot_records_a_refused_or_missing_program_and_a_tampered_helpe
     assert tampered.error == "tampered: /proc/self/mountinfo is not the kernel's"
     assert take_snapshot(_Answers(CommandResult(None, "", 30.0, timed_out=True), {})).error is not None
     assert take_snapshot(_Answers(_ok('{"setid": [1]}'), {})).error == "the guest helper's setid is not a list of strings"
+
+
+def test_a_service_that_listened_before_may_listen_elsewhere_but_a_new_listener_flags() -> None:
+    """The fix of a wrong listen address moves a service's own socket: no finding. A socket of
+    a service that listened on nothing before, or of a process no service owns, still flags."""
+    def snap(*facts: str) -> Snapshot:
+        return Snapshot(MappingProxyType({"listening": facts}), MappingProxyType({}))
+
+    pg = "/usr/lib/postgresql/15/bin/postgres postgresql@15-main.service"
+    clean = snap(f"tcp 127.0.0.1:5432 {pg}")
+    fault = snap()  # the fault stopped it
+    end = snap(f"tcp 127.0.0.1:5432 {pg}", f"tcp 10.77.0.12:5432 {pg}",
+               "tcp 0.0.0.0:8000 /usr/bin/python3.11 telnet.service",
+               "tcp 0.0.0.0:9000 /usr/bin/python3.11 session-1.scope")
+    found = {(f.check, f.item) for f in diff(clean, fault, end)}
+    assert found == {(StateCheck.LISTENING, "tcp 0.0.0.0:8000"),
+                     (StateCheck.LISTENING, "tcp 0.0.0.0:9000")}
