@@ -274,3 +274,39 @@ def test_a_committed_recording_proves_its_spec_with_the_task_reworded(tmp_path: 
     v = Verification("nginx-stopped")
     recorded_noop(probed, recorded, v)
     assert v.checks["noop fails"] is None and "another version" in v.problems[0]
+
+
+def test_a_stale_proof_names_what_changed_and_a_current_one_stands(tmp_path: Path) -> None:
+    """--oracle changed runs live only what its recording cannot prove today: recorded under
+    older judging rules, on another image recipe or guest helper, or of another spec."""
+    import json
+
+    from runner.app.verify import stale_proof
+    from runner.backends.framing import helper_digest
+    from runner.backends.images import load_recipe
+    from runner.core.rules import CURRENT_RULES
+
+    scenario = load_spec(repo_root() / "specs" / "nginx-stopped.yaml")
+    source = repo_root() / "recordings" / "oracle" / "nginx-stopped.jsonl"
+    lines = source.read_text().splitlines()
+    head = json.loads(lines[0])
+
+    def recorded(**changes: object) -> Path:
+        path = tmp_path / "nginx-stopped.jsonl"
+        h = {**head, **changes}
+        path.write_text("\n".join([json.dumps(h), *lines[1:]]) + "\n")
+        return path
+
+    image = {**head["image"], "recipe_key": load_recipe(scenario.image).key,
+             "helper": helper_digest()}
+    current = recorded(rules=int(CURRENT_RULES), image=image, spec_hash=scenario.spec_hash)
+    assert stale_proof(current, scenario) is None
+    assert "judging rules 2" in (stale_proof(recorded(rules=2, image=image), scenario) or "")
+    other = recorded(rules=int(CURRENT_RULES), image={**image, "helper": "0" * 12})
+    assert "guest helper" in (stale_proof(other, scenario) or "")
+    other = recorded(rules=int(CURRENT_RULES), image={**image, "recipe_key": "x"})
+    assert "image recipe" in (stale_proof(other, scenario) or "")
+    probed = {**head["scenario"], "setup": ["true"]}
+    assert "spec changed" in (stale_proof(recorded(rules=int(CURRENT_RULES), image=image,
+                                                   spec_hash="0" * 64, scenario=probed),
+                                          scenario) or "")
