@@ -29,10 +29,12 @@ from runner.core.spec import Scenario, load_spec
 
 
 def test_recorded_shortcuts_prove_nothing_unless_recorded_against_this_spec(tmp_path: Path) -> None:
-    """A shortcut cassette of another version of the spec, or none at all, is "not proven"."""
+    """A shortcut cassette of another version of the spec (one judged otherwise: a re-check
+    added), or none at all, is "not proven"."""
     spec = tmp_path / "specs" / "permission-403.yaml"
     spec.parent.mkdir()
-    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text() + "\n# edited\n")
+    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text()
+                    + "\nrecheck_after: 30\n")
     from runner.app.verify import recorded_shortcut
     from runner.core.spec import load_spec
     s = load_spec(spec)
@@ -61,7 +63,8 @@ def test_recorded_noop_proves_noop_fails_only_from_a_failing_run_of_this_spec(tm
 
     spec = tmp_path / "specs" / "permission-403.yaml"
     spec.parent.mkdir()
-    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text() + "\n# edited\n")
+    spec.write_text((repo_root() / "specs" / "permission-403.yaml").read_text()
+                    + "\nrecheck_after: 30\n")  # judged otherwise: a comment alone would not be
     for where, why in [(oracle, "another version of the spec"), (tmp_path, "no recording")]:
         v = Verification(today.id)
         recorded_noop(load_spec(spec), where, v)
