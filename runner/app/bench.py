@@ -407,7 +407,7 @@ class _Rounds:
                 # neither its time nor the estimate of the time left counts the build.
                 self.builds.ready(rd.scenario)
             tag = ((f"{rd.arm.label}: " if rd.arm.label else "") + rd.scenario.id
-                   + (f" (round {rd.number + 1})" if opts.repeat > 1 else "")
+                   + (f" (round {rd.number})" if opts.repeat > 1 else "")
                    + (f" (hint level {level})" if level else ""))
             step = Step(rd.arm.label, rd.scenario.id, rd.number, level, tag, index, self.total,
                         self._remaining(), replayed=source is not None)

@@ -496,11 +496,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     facts = measured.load()
     everything = _scenarios_of(args.paths, "PATH")
     default = {s.id for s in default_subset(everything, facts)}
+    headers = ["id", "difficulty", "tier", "default", "tags", "turns", "title"]
+    if args.format == "json":  # typed: no label is null, default a boolean, tags a list
+        _out(json.dumps([dict(zip(headers, [
+            s.id, s.difficulty, facts.get(s.id, UNKNOWN).tier.value, s.id in default,
+            list(s.tags), s.budget.turns, s.title], strict=True)) for s in scenarios], indent=2))
+        return 0
     rows = [[s.id, s.difficulty or "-", facts.get(s.id, UNKNOWN).tier.value,
              "yes" if s.id in default else "-", ",".join(s.tags) or "-", s.budget.turns, s.title]
             for s in scenarios]
-    _out(render_rows(["id", "difficulty", "tier", "default", "tags", "turns", "title"], rows,
-                     args.format))
+    _out(render_rows(headers, rows, args.format))
     return 0
 
 
@@ -961,7 +966,10 @@ def cmd_results(args: argparse.Namespace) -> int:
     for line in problems:
         _err(f"rootbench: {line}")
     if args.check:
-        return 1 if problems else 0
+        if problems:
+            return 1
+        _out(results.up_to_date_line(Path(args.check)))  # a check that passed says so
+        return 0
     if args.write:
         target = Path(args.write)
         atomic_write(target, results.written(target, block), "--write")
@@ -1000,8 +1008,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     listed = entries()
     removed = prune(listed) if args.prune else []
     kept = [e for e in listed if e not in removed]
-    rows = [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", e.state] for e in kept]
-    rows += [[e.kind, e.path.name, f"{e.size / 1e6:.1f}", "removed"] for e in removed]
+    # JSON holds the size as a number; a table shows it with one decimal
+    size = (lambda e: round(e.size / 1e6, 1)) if args.format == "json" else (
+        lambda e: f"{e.size / 1e6:.1f}")
+    rows = [[e.kind, e.path.name, size(e), e.state] for e in kept]
+    rows += [[e.kind, e.path.name, size(e), "removed"] for e in removed]
     _out(render_rows(["kind", "entry", "MB", "state"], rows, args.format))
     if args.format != "json":
         stale = sum(e.size for e in kept if not e.in_use)
@@ -1048,6 +1059,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _out(line)
     for p in problems:
         _out(f"problem: {p}")
+    if not problems:  # a check that passed says so, in one line
+        _out("no problem found: this machine can run rootbench")
     return 1 if problems else 0
 
 

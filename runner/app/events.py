@@ -23,7 +23,7 @@ class Step:
     scenario: str
     round: int  # 0-based
     level: int  # the hint level
-    tag: str  # how progress lines name it: "arm: scenario (round 2) (hint level 1)"
+    tag: str  # how progress lines name it: "arm: scenario (round 1) (hint level 1)", rounds 0-based
     index: int  # 1-based position of its round among the rounds this pass runs
     total: int  # rounds this pass runs
     remaining: int  # episodes still to finish, this one included (for the estimate of the time left)

@@ -205,7 +205,7 @@ class BenchPlan:
         if self.record_mode is not RecordMode.NONE:
             return
         missing = [f"{(rd.arm.label + ' ') if rd.arm.label else ''}{rd.scenario.id} "
-                   f"(round {rd.number + 1})"
+                   f"(round {rd.number})"
                    for rd in self.rounds
                    if (lv := self.next_step(rd, resume)) is not None
                    and self.recorded(rd, lv) is None]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 from tabulate import tabulate
 
@@ -113,6 +113,25 @@ def _graded(episodes: Sequence[Episode],
     return headers, cells
 
 
+T = TypeVar("T")
+
+
+def levels_in_order(items: Sequence[T], round_of: Callable[[T], Hashable],
+                    level_of: Callable[[T], int]) -> list[T]:
+    """``items`` with each round's hint levels in order, level 0 first, and the rounds where
+    they first appear. A folder of cassettes lists a round's levels as their names sort
+    (``x.r0.h1.jsonl`` before ``x.r0.jsonl``, level 0 last); a bench's own order is kept."""
+    first: dict[Hashable, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(round_of(item), i)
+    return sorted(items, key=lambda item: (first[round_of(item)], level_of(item)))
+
+
+def _in_order(episodes: Sequence[Episode]) -> list[Episode]:
+    return levels_in_order(episodes, lambda ep: (ep.arm, ep.model, ep.scenario, ep.round),
+                           lambda ep: ep.hint_level)
+
+
 def summary_line(episodes: Sequence[Episode]) -> str:
     c = verdict_counts(episodes)
     return f"{len(episodes)} runs: " + ", ".join(f"{n} {v}" for v, n in c.items())
@@ -130,6 +149,7 @@ def render_table(episodes: Sequence[Episode], fmt: str = "github", *,
                            "episodes": [{**ep.to_dict(), "repair": repair_of(ep)}
                                         for ep in episodes]}, indent=2)
     tablefmt = "github" if fmt == "github" else "plain"
+    episodes = _in_order(episodes)
     extra, cells = _graded(episodes, ladder)
     # A matrix bench (episodes of several arms) leads with the model and protocol of each row.
     lead = ["model", "protocol"] if any(ep.arm for ep in episodes) else []
@@ -155,6 +175,8 @@ def unsafe_text(s: Summary) -> str:
     recorded before rules 3, which never judged it, ``not judged (before rules 3)``, never a 0."""
     if not s.judged:
         return "not judged (before rules 3)"
+    if s.judged == 1 and s.unsafe_rate is not None:  # one sample: the count says it, no interval
+        return f"{s.unsafe_rate:.2f} ({s.unsafe_fixes} of 1)"
     return f"{ci_text(s.unsafe_rate, s.unsafe_rate_ci)} ({s.unsafe_fixes} of {s.judged})"
 
 
@@ -166,8 +188,10 @@ def headline_lines(episodes: Sequence[Episode]) -> list[str]:
         return []
     o = summarize(episodes).overall
     level = f"{CONFIDENCE:.0%}"
+    repaired = _repaired(episodes)[None]
     return [f"repair score of the first tries [{level} CI]: "
-            f"{ci_text(o.mean_repair, o.mean_repair_ci)} (0 for doing nothing, 1 for the oracle)",
+            f"{ci_text(o.mean_repair, o.mean_repair_ci, repaired)} "
+            "(0 for doing nothing, 1 for the oracle)",
             reference_text(references(ep.scenario for ep in scored),
                            len({ep.scenario for ep in scored})),
             f"unsafe fixes of the first tries [{level} CI]: {unsafe_text(o)}"]
@@ -199,11 +223,17 @@ def junit_xml(episodes: Sequence[Episode], suite: str = "rootbench") -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
-def ci_text(point: float | None, interval: Interval | None) -> str:
+def ci_text(point: float | None, interval: Interval | None, n: int | None = None) -> str:
     """A figure and its interval as every table shows it, ``0.13 [0.04, 0.38]``; ``-`` when
-    nothing is behind it (``rootbench results`` renders the README's table with it too)."""
+    nothing is behind it (``rootbench results`` renders the README's table with it too).
+
+    ``n`` is how many samples the figure is from, when the caller knows it: one sample has no
+    interval worth printing (a bootstrap of one value is ``[0.29, 0.29]``, which reads as
+    certainty), so the figure is shown alone, ``0.29 (n=1)``."""
     if point is None or interval is None:
         return "-"
+    if n == 1:
+        return f"{point:.2f} (n=1)"
     return f"{point:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
 
 
@@ -233,12 +263,34 @@ def statistics_table(episodes: Sequence[Episode], fmt: str = "github") -> str:
                     disable_numparse=True)
 
 
+def _repaired(episodes: Sequence[Episode]) -> dict[str | None, int]:
+    """How many first tries have a repair score, per scenario and overall (key None): the n
+    behind the repair column, which can be fewer than the scored first tries (a cassette with
+    no pre-check recorded has none)."""
+    out: dict[str | None, int] = {None: 0}
+    for ep in first_tries([e for e in episodes if e.verdict.scored]):
+        if repair_of(ep) is not None:
+            out[ep.scenario] = out.get(ep.scenario, 0) + 1
+            out[None] += 1
+    return out
+
+
+def pass_at_k_header(common: int | None) -> str:
+    """The pass@k column's title, its k named: ``pass@k (k=3)``, or ``pass@k (k=n)`` when the
+    scenarios ran different numbers of times (each cell then names its own). With one run per
+    scenario it is ``pass@k (k=1)``, which equals pass@1: a bare ``pass@1`` beside the pass@1
+    column read as a second, different figure of the same name."""
+    return f"pass@k (k={common})" if common else "pass@k (k=n)"
+
+
 def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[str]]]:
     """The statistics table's headers and rows (the last row ``overall``), every figure already
-    text: the terminal's table and the HTML report's show the very same strings."""
+    text: the terminal's table and the HTML report's show the very same strings. A figure from
+    one sample is shown without an interval (:func:`ci_text`)."""
     st = summarize(episodes)
     ks = {s.k for s in st.scenarios if s.scored}
     common = next(iter(ks)) if len(ks) == 1 else None  # every scenario has n scored runs
+    repaired = _repaired(episodes)
 
     def at_k(s: Summary) -> str:
         if not s.k:
@@ -246,33 +298,34 @@ def statistics_rows(episodes: Sequence[Episode]) -> tuple[list[str], list[list[s
         return f"{s.pass_at_k[s.k]:.2f}" + ("" if s.k == common else f" (k={s.k})")
 
     level = f"{st.confidence:.0%}"
-    headers = ["scenario", "runs", f"pass@1 [{level} CI]", f"pass@{common}" if common else "pass@n",
+    headers = ["scenario", "runs", f"pass@1 [{level} CI]", pass_at_k_header(common),
                f"repair [{level} CI]", f"unsafe fixes [{level} CI]", f"mean score [{level} CI]"]
 
     def unsafe(s: Summary) -> str:  # per scenario a dash; the overall row says why
         return unsafe_text(s) if s.judged or s.scenario is None else "-"
 
-    rows = [[one_line(s.scenario or "", 120), _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci), at_k(s),
-             ci_text(s.mean_repair, s.mean_repair_ci), unsafe(s),
-             ci_text(s.mean_score, s.mean_score_ci)] for s in st.scenarios]
+    def row(name: str, s: Summary) -> list[str]:
+        return [name, _runs(s), ci_text(s.pass_at_1, s.pass_at_1_ci, s.scored), at_k(s),
+                ci_text(s.mean_repair, s.mean_repair_ci, repaired.get(s.scenario, 0)),
+                unsafe(s), ci_text(s.mean_score, s.mean_score_ci, s.scored)]
+
+    rows = [row(one_line(s.scenario or "", 120), s) for s in st.scenarios]
     o = st.overall
-    rows.append(["overall", _runs(o), ci_text(o.pass_at_1, o.pass_at_1_ci), at_k(o),
-                 ci_text(o.mean_repair, o.mean_repair_ci), unsafe(o),
-                 ci_text(o.mean_score, o.mean_score_ci)])
+    rows.append(row("overall", o))
     every = [*st.scenarios, o]
     if any(s.mean_milestones is not None for s in every):
         headers.append("milestones")
-        for row, s in zip(rows, every, strict=True):
-            row.append("-" if s.mean_milestones is None else f"{s.mean_milestones:.2f}")
+        for r, s in zip(rows, every, strict=True):
+            r.append("-" if s.mean_milestones is None else f"{s.mean_milestones:.2f}")
     if any(s.fixed for s in every):
         headers.append("fixed: median s")
-        for row, s in zip(rows, every, strict=True):
-            row.append(f"{s.fixed}: {s.median_fix_s:.1f}" if s.median_fix_s is not None else "-")
-    if any(s.solved is not None for s in [*st.scenarios, o]):
+        for r, s in zip(rows, every, strict=True):
+            r.append(f"{s.fixed}: {s.median_fix_s:.1f}" if s.median_fix_s is not None else "-")
+    if any(s.solved is not None for s in every):
         headers += ["solved (any level)", f"mean assist [{level} CI]"]
-        for row, s in zip(rows, [*st.scenarios, o], strict=True):
-            row += [f"{s.solved}/{s.scored}" if s.solved is not None else "-",
-                    ci_text(s.mean_assist, s.mean_assist_ci)]
+        for r, s in zip(rows, every, strict=True):
+            r += [f"{s.solved}/{s.scored}" if s.solved is not None else "-",
+                  ci_text(s.mean_assist, s.mean_assist_ci, s.solved)]
     return headers, rows
 
 

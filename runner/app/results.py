@@ -369,6 +369,12 @@ def written(path: Path, block: str) -> str:
     return head + "\n" + block + "\n" + tail
 
 
+def up_to_date_line(path: Path) -> str:
+    """What ``results --check`` prints when the check passed: a check that says nothing on
+    success cannot be told from one that checked nothing."""
+    return f"{path}: the results block is up to date and no difficulty label breaks its cap"
+
+
 def differs(path: Path, block: str) -> bool:
     """Whether ``path``'s block is not ``block`` (blank lines around it do not count)."""
     _head, old, _tail = _split(_read(path), path)

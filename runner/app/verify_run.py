@@ -35,6 +35,7 @@ from runner.app.verify import (
     recorded_alternative,
     recorded_shortcut,
     slowest_first,
+    table_rows,
     verify_repeated,
     verify_shortcut,
 )
@@ -169,7 +170,9 @@ def run_verify(scenarios: list[Scenario], opts: VerifyOptions) -> VerifyRun:
         *(Path(v.cassette) for v in results if v.cassette),
         *(Path(r.cassette) for v in results for r in (*v.shortcuts, *v.alternatives)
           if r.cassette)] if p.is_file())
-    report = html_report.refresh(run_dir, log, cassettes=list(cassettes))
+    headers, rows = table_rows(results)  # the report leads with verify's own table
+    checks = html_report.ChecksTable(headers, rows, [v.valid for v in results])
+    report = html_report.refresh(run_dir, log, cassettes=list(cassettes), checks=checks)
     if report is not None:
         log.info("report: %s", report)
     return VerifyRun(results, run_dir, report)

@@ -53,8 +53,14 @@ def test_bad_input_is_one_line_exit_2(cli: Cli, args: list[str], fragment: str) 
 def test_list_and_version(cli: Cli) -> None:
     r = cli("list", "--format", "json")
     assert r.returncode == 0
-    ids = {row["id"] for row in json.loads(r.stdout)}
-    assert {"rogue-port-80", "permission-403", "nginx-config-syntax"} <= ids
+    listed = {row["id"]: row for row in json.loads(r.stdout)}
+    assert {"rogue-port-80", "permission-403", "nginx-config-syntax"} <= set(listed)
+    # typed fields, not the table's text: tags a list, default a boolean, turns a number
+    row = listed["rogue-port-80"]
+    assert isinstance(row["tags"], list) and row["tags"] and all(isinstance(t, str) for t in row["tags"])
+    assert isinstance(row["default"], bool) and isinstance(row["turns"], int)
+    assert all(isinstance(r["difficulty"], str | None) and r["difficulty"] != "-" for r in listed.values())
+    assert all(r["tags"] == [] or "," not in "".join(r["tags"]) for r in listed.values())
     assert cli("--version").stdout.startswith("rootbench ")
 
 
@@ -136,6 +142,7 @@ def test_doctor_on_this_set_up_machine_finds_no_problem(cli: Cli) -> None:
     r = cli("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "qemu:" in r.stdout and "accelerator:" in r.stdout and "problem:" not in r.stdout
+    assert r.stdout.splitlines()[-1] == "no problem found: this machine can run rootbench"
 
 
 def test_doctor_names_a_missing_tool_and_exits_1(cli: Cli, tmp_path: Path) -> None:
@@ -182,6 +189,9 @@ def test_cache_prune_removes_only_what_the_current_inputs_no_longer_name(cli: Cl
     listed = cli("cache", "--format", "plain", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "stale: `rootbench cache --prune`" in listed.stdout
+    as_json = cli("cache", "--format", "json", env=env)  # typed: the size a number
+    rows = {row["entry"]: row for row in json.loads(as_json.stdout)}
+    assert rows[stale_image.name]["MB"] == 0.0 and rows[stale_image.name]["state"] == "stale"
     assert stale_image.exists() and old_model.exists()  # listing removes nothing
 
     r = cli("cache", "--prune", env=env)

@@ -211,7 +211,7 @@ def test_run_and_mcp_take_a_bundled_id_and_a_path_still_works(cli: Cli, tmp_path
             "--runs-dir", str(tmp_path / "runs")]
     for spec in ("nginx-stopped", "specs/nginx-stopped.yaml", str(ROOT / "specs/nginx-stopped.yaml")):
         line = one_line_exit_2(cli("run", spec, *stop))
-        assert "missing: nginx-stopped (round 1)" in line, (spec, line)
+        assert "missing: nginx-stopped (round 0)" in line, (spec, line)
     line = one_line_exit_2(cli("run", "nginx-stoped", *stop))
     assert line.startswith("rootbench: SPEC: no scenario with id 'nginx-stoped' (did you mean "
                            "'nginx-stopped'"), line
@@ -219,7 +219,7 @@ def test_run_and_mcp_take_a_bundled_id_and_a_path_still_works(cli: Cli, tmp_path
     line = one_line_exit_2(cli("run", "specs/nginx-stopped.yaml", *stop, cwd=tmp_path))
     assert "no such file (the bundled scenario 'nginx-stopped' is given by its id alone)" in line
     line = one_line_exit_2(cli("run", "nginx-stopped", *stop, cwd=tmp_path))
-    assert "missing: nginx-stopped (round 1)" in line, line
+    assert "missing: nginx-stopped (round 0)" in line, line
     # mcp: a known id gets as far as its flags; an unknown one is the same one line.
     assert "--http-remote: needs --http" in one_line_exit_2(
         cli("mcp", "nginx-stopped", "--http-remote"))

@@ -225,8 +225,15 @@ def test_two_runs_side_by_side_show_statistics_and_compares_verdict_at_the_top(t
     assert "score: 0.33<" in page and "score: 0.333333" not in page
     assert " 1 turns" not in page and " 1 turn ·" in page
     assert 'class="turn fixed"' in page and "the fix landed" in page
-    assert "cron-stopped · round 1 · hint level 0 ·" in page
+    # rounds numbered as the cassettes name them (cron-stopped.r0.h2.jsonl is round 0), and a
+    # round's levels in order, level 0 first, although its folder lists x.r0.h1 before x.r0
+    assert "cron-stopped · round 0 · hint level 0 ·" in page and "round 1" not in page
     assert "hint level 2 · qwen2.5-coder-1.5b · json" in page
+    titles = [page.index(f"cron-stopped · round 0 · hint level {lv} ·") for lv in range(3)]
+    assert titles == sorted(titles)
+    assert "<th>r0</th>" in page and "<th>r1</th>" not in page  # the heat map's one round
+    # pass@k titled with its k: one run per scenario, so k = 1, never a second "pass@1"
+    assert "<th>pass@k (k=1)</th>" in glance and "<th>pass@1</th>" not in glance
 
 
 def test_counts_are_plural() -> None:
@@ -334,3 +341,50 @@ def test_the_repair_score_and_unsafe_fixes_get_a_column_a_filter_and_the_finding
     assert '<option value="unjudged">not judged (before rules 3)</option>' in old
     assert 'data-unsafe="unjudged"' in old and '<th class="num">unsafe fix</th>' not in old
     assert "The state diff:" not in old
+
+
+# --- verify's report ---------------------------------------------------------------------------
+
+def test_a_verify_report_leads_with_its_own_table_not_compares_prose(tmp_path: Path) -> None:
+    """verify's run directory holds a noop, an oracle and scripted runs: reported as runs side
+    by side, the page opened with compare's "oracle against noop" verdict, which answers
+    nothing verify asks. It leads with verify's table instead: each scenario's six checks, as
+    the terminal prints them, and no compare verdict nor statistics of the agents."""
+    from runner.app.verify import CHECKS, SHORTCUTS, ShortcutRun, Verification, table_rows
+
+    scenario = "ssh-stopped"
+    cassettes = [ORACLE / f"{scenario}.jsonl", ORACLE / "noop" / f"{scenario}.jsonl",
+                 *sorted((ORACLE / "shortcuts" / scenario).glob("*.jsonl"))]
+    rejected = [ShortcutRun(f"s{i}", "restart", True, "fail", "") for i in range(2)]
+    good = Verification(scenario, checks={**dict.fromkeys(CHECKS, True), SHORTCUTS: False},
+                        seconds=12.5,
+                        shortcuts=[*rejected, ShortcutRun("s2", "restart", False, "pass", "")])
+    bad = Verification("cron-stopped", checks={**dict.fromkeys(CHECKS, True),
+                                               "noop fails": False, "alternatives pass": None},
+                       problems=["noop fails: the noop agent passed"])
+    headers, rows = table_rows([good, bad])
+    checks = html_report.ChecksTable(headers, rows, [good.valid, bad.valid])
+    run_dir = tmp_path / "verify"
+    run_dir.mkdir()
+    out = html_report.refresh(run_dir, logging.getLogger("test"), cassettes=cassettes,
+                              checks=checks)
+    assert out == run_dir / "report.html"
+    page = out.read_text(encoding="utf-8")
+    table = page[page.index('id="verify"'):page.index('id="glance"')]
+    assert "Verify: 0 of 2 scenarios valid</h2>" in table
+    assert "".join(f"<th>{h}</th>" for h in ["scenario", *CHECKS]) in table
+    # each mark as the terminal prints it, coloured by what it says; the first row is linked
+    # to its scenario's first trajectory on the page
+    assert '<a href="#run0-ep0">ssh-stopped</a>' in table
+    assert '<td class="mark-ok">ok</td>' in table and '<td class="mark-fail">FAIL:2/3</td>' in table
+    assert '<td class="mark-fail">FAIL</td>' in table and '<td class="mark-none">none</td>' in table
+    assert table.count('<span class="tag unsafe">invalid</span>') == 2
+    assert "noop fails: the noop agent passed" in table
+    # no compare verdict, no statistics, no reference line: only each agent's verdict counts
+    glance = page[page.index('id="glance"'):page.index('id="overview"')]
+    assert " against " not in glance and "verdict-box" not in glance
+    assert "pass@1" not in glance and "reference, the committed runs" not in glance
+    assert "1 pass</span>" in glance and "noop · tools" in glance
+    # a report with no checks is as before: compare's words at the top
+    plain = html_report.write_cassette_report(cassettes, tmp_path / "plain.html").read_text()
+    assert 'id="verify"' not in plain and "verdict-box" in plain

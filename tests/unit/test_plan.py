@@ -155,9 +155,9 @@ def test_record_mode_none_is_refused_before_anything_runs_naming_what_is_missing
     with pytest.raises(InvalidInput) as info:
         plan.check(resume=False)
     assert info.value.field == "--record-mode"
-    assert f"missing: {b.id} (round 1)" in str(info.value) and f"{a.id} (round" not in str(info.value)
+    assert f"missing: {b.id} (round 0)" in str(info.value) and f"{a.id} (round" not in str(info.value)
     nowhere = BenchPlan([a], [Arm(ORACLE)], RunOptions(), [], None, RecordMode.NONE)
-    with pytest.raises(InvalidInput, match=f"missing: {a.id} \\(round 1\\)"):
+    with pytest.raises(InvalidInput, match=f"missing: {a.id} \\(round 0\\)"):
         nowhere.check(resume=False)  # no --record-to: nothing is recorded
 
 

@@ -199,6 +199,9 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     assert "| oracle (reference) | 1.00 [0.44, 1.00] | 1.00 [1.00, 1.00] |" in text
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 0 and r.stderr == ""
+    # a check that passed says so, in one line (it printed nothing, like one that checked nothing)
+    assert r.stdout == f"{readme}: the results block is up to date and no difficulty label " \
+                       "breaks its cap\n"
     # the printed block is the written one
     r = cli("results", *folders, "--specs", str(specs))
     assert r.stdout.strip("\n") in text

@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from runner.app.report import statistics_table
+from runner.app.report import render_table, statistics_rows, statistics_table
 from runner.app.runs import episodes_from_recordings
 from runner.app.stats import (
     Interval,
@@ -503,3 +503,55 @@ def test_a_verdict_line_handed_over_with_odd_probe_entries_gives_a_repair_score_
              precheck=[1, "p", {"name": ["a"], "outcome": "fail"}, {"name": "b", "outcome": "fail"}],
              probes=[None, {"name": ["a"], "outcome": "pass"}, {"name": "b", "outcome": "fail"}])
     assert repair_of(ep) == 0.5
+
+
+# --- the statistics table as it reads ----------------------------------------------------------
+
+def test_one_sample_shows_its_figure_without_an_interval_and_pass_at_k_names_its_k() -> None:
+    """One first try per scenario: a bootstrap of one value is ``[0.29, 0.29]`` and a Wilson
+    interval of one trial ``[0.00, 0.79]``, both printed as if they said something; the figure
+    is shown alone with ``(n=1)``. And the pass@k column beside pass@1 is titled with its k:
+    with one run per scenario it is ``pass@k (k=1)``, never a second ``pass@1``."""
+    one = [_repair_ep({"a": "fail", "b": "fail"}, {"a": "pass", "b": "fail"}, scenario="s1"),
+           _repair_ep({"a": "fail"}, {"a": "fail"}, scenario="s2")]
+    one[0].score, one[1].score = 0.29, 0.5
+    one[0].symptom_fixed = False  # judged under rules 3: the unsafe-fix rate of one sample too
+    headers, rows = statistics_rows(one)
+    assert headers[2:4] == ["pass@1 [95% CI]", "pass@k (k=1)"]
+    s1 = dict(zip(headers, rows[0], strict=True))
+    assert s1["pass@1 [95% CI]"] == "0.00 (n=1)"
+    assert s1["repair [95% CI]"] == "0.50 (n=1)" and s1["mean score [95% CI]"] == "0.29 (n=1)"
+    assert s1["unsafe fixes [95% CI]"] == "0.00 (0 of 1)"
+    assert "[" not in " ".join(rows[0][2:]) and "[" not in " ".join(rows[1][2:])
+    overall = dict(zip(headers, rows[-1], strict=True))  # two samples: intervals
+    assert overall["pass@1 [95% CI]"] == "0.00 [0.00, 0.66]"
+    assert overall["mean score [95% CI]"].startswith("0.40 [")
+    assert "(n=1)" not in statistics_table(one, "plain").splitlines()[-1]
+    # The repair column's n is the first tries that have a repair score, not all of them: an
+    # old cassette with no pre-check beside a new one leaves one sample.
+    mixed = [one[0], _ep("s1", "fail", 1)]
+    headers, rows = statistics_rows(mixed)
+    assert dict(zip(headers, rows[0], strict=True))["repair [95% CI]"] == "0.50 (n=1)"
+    assert "repair score of the first tries [95% CI]: 0.50 (n=1) (0 for doing nothing" in \
+        render_table(mixed, "plain")
+    # Three runs of a scenario: pass@k (k=3), its interval printed; k differing per scenario is
+    # named in each cell.
+    three = [_ep("a", "pass", r) for r in range(3)]
+    headers, rows = statistics_rows(three)
+    assert headers[3] == "pass@k (k=3)" and rows[0][2] == "1.00 [0.44, 1.00]"
+    headers, rows = statistics_rows([*three, _ep("b", "fail", 0)])
+    assert headers[3] == "pass@k (k=n)" and [r[3] for r in rows[:2]] == ["1.00 (k=3)", "0.00 (k=1)"]
+
+
+def test_a_rounds_hint_levels_are_listed_level_0_first() -> None:
+    """A folder of cassettes lists ``x.r0.h1.jsonl`` before ``x.r0.jsonl``: the table showed a
+    round's levels 1, 2, 3, then 0. Each round's levels are in order, the rounds as they came."""
+    eps = [_ep("b", "fail", 0, hint_level=1), _ep("b", "fail", 0, hint_level=2),
+           _ep("b", "fail", 0, hint_level=0), _ep("a", "fail", 0, hint_level=1),
+           _ep("a", "pass", 0, hint_level=0), _ep("b", "pass", 1, hint_level=0)]
+    for ep, seconds in zip(eps, range(6), strict=True):
+        ep.seconds = seconds + 0.5
+    table = render_table(eps, "plain", ladder=True).splitlines()
+    rows = [line.split()[:3] for line in table[1:7]]
+    assert rows == [["b", "fail", "2.5"], ["b", "fail", "0.5"], ["b", "fail", "1.5"],
+                    ["a", "pass", "4.5"], ["a", "fail", "3.5"], ["b", "pass", "5.5"]]

@@ -137,7 +137,7 @@ def test_a_run_that_broke_an_invariant_counts_as_a_fail_everywhere(tmp_path: Pat
     assert (s.passes, s.pass_at_1) == (0, 0.0) and s.mean_score == DAMAGE_FACTOR
     row = next(ln for ln in statistics_table([bad], "plain").splitlines()
                if ln.startswith("keep-flags"))
-    assert row.split()[2:4] == ["0.00", "[0.00,"] and "0.50 [0.50, 0.50]" in row
+    assert row.split()[2:4] == ["0.00", "(n=1)"] and "0.50 (n=1)" in row  # one run: no interval
 
     # results.json keeps it a fail
     write_results(tmp_path / "runA", {"label": "A"}, [bad])

@@ -40,6 +40,7 @@ from runner.app.html_report.render import (
 from runner.app.html_report.trajectory import Command, SetupStep, Trajectory, Turn, load_trajectory
 from runner.app.html_report.view import (
     OPTIONAL_COLUMNS,
+    ChecksTable,
     EpisodeView,
     RunView,
     agent_kind,
@@ -49,7 +50,8 @@ from runner.app.html_report.view import (
 )
 
 __all__ = [
-    "MAX_SHOWN_CHARS", "OPTIONAL_COLUMNS", "REFRESH_SECONDS", "REPORT_NAME", "Refresher", "Command", "EpisodeView", "RunView",
+    "MAX_SHOWN_CHARS", "OPTIONAL_COLUMNS", "REFRESH_SECONDS", "REPORT_NAME", "Refresher", "ChecksTable",
+    "Command", "EpisodeView", "RunView",
     "SetupStep", "Trajectory", "Turn", "agent_kind", "load_run_arms", "load_run_dir",
     "load_trajectory", "refresh", "render", "runs_from_cassettes", "text", "write",
     "write_cassette_report", "write_run_report",

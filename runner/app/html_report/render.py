@@ -32,7 +32,13 @@ from runner import __version__
 from runner.app.events import BenchListener, Step
 from runner.app.html_report.fields import text
 from runner.app.html_report.plots import plots
-from runner.app.html_report.view import RunView, load_run_arms, page, runs_from_cassettes
+from runner.app.html_report.view import (
+    ChecksTable,
+    RunView,
+    load_run_arms,
+    page,
+    runs_from_cassettes,
+)
 from runner.app.outputs import atomic_write, write_error
 from runner.app.signals import Interrupted
 from runner.core import layout
@@ -121,17 +127,19 @@ def _short(verdict: Any) -> str:
     return _SHORT.get(verdict, "?") if isinstance(verdict, str) else "?"
 
 
-def render(runs: Sequence[RunView], title: str = "rootbench report") -> str:
-    """The whole report for ``runs`` (side by side when there are several), as one HTML string."""
+def render(runs: Sequence[RunView], title: str = "rootbench report",
+           checks: ChecksTable | None = None) -> str:
+    """The whole report for ``runs`` (side by side when there are several), as one HTML string;
+    with ``checks``, a verify's report that leads with its table (:func:`page`)."""
     drawn = plots(runs)
     return _environment().get_template("report.html.j2").render(
         title=text(title), csp=csp(), script=markupsafe.Markup(script()), plots=drawn or [], plots_missing=drawn is None, wilson=True,
         generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        version=__version__, **page(runs))
+        version=__version__, **page(runs, checks))
 
 
 def write(runs: Sequence[RunView], out: Path | str, title: str = "rootbench report",
-          flag: str | None = None) -> Path:
+          flag: str | None = None, checks: ChecksTable | None = None) -> Path:
     """Render ``runs`` to ``out`` (atomically, with the mode of any new file) and return its path.
 
     A path that cannot be written is InvalidInput naming it (and ``flag``, the
@@ -139,7 +147,7 @@ def write(runs: Sequence[RunView], out: Path | str, title: str = "rootbench repo
     folder that changed in between.
     """
     out = Path(out)
-    page = render(runs, title)
+    page = render(runs, title, checks)
     try:
         atomic_write(out, page, flag)
     except OSError as exc:
@@ -156,25 +164,30 @@ def write_run_report(run_dir: Path | str) -> Path:
 
 
 def write_cassette_report(cassettes: Sequence[Path | str], out: Path | str,
-                          title: str = "rootbench report") -> Path:
-    """A report of loose cassettes (one run per model and protocol) written to ``out``."""
-    return write(runs_from_cassettes(cassettes), out, title)
+                          title: str = "rootbench report",
+                          checks: ChecksTable | None = None) -> Path:
+    """A report of loose cassettes (one run per model and protocol) written to ``out``; with
+    ``checks``, led by that table (a verify's report)."""
+    return write(runs_from_cassettes(cassettes), out, title, checks=checks)
 
 
 def refresh(run_dir: Path | str, logger: logging.Logger, *,
-            cassettes: Sequence[Path | str] | None = None) -> Path | None:
+            cassettes: Sequence[Path | str] | None = None,
+            checks: ChecksTable | None = None) -> Path | None:
     """(Re)write ``RUNDIR/report.html``; a report that cannot be drawn is a warning, not an error.
 
     Benches call this after every scenario, so an interrupted bench still has
     a report; by then results.json is on disk, and a report that fails to
     render must not stop the bench nor lose what it has done. ``cassettes``:
-    report these (verify's run directories have no results.json).
+    report these (verify's run directories have no results.json); ``checks``: verify's
+    table, which the report then leads with.
     """
     run_dir = Path(run_dir)
     try:
         if cassettes is None:
             return write_run_report(run_dir)
-        return write_cassette_report(cassettes, run_dir / REPORT_NAME, f"rootbench: {run_dir.name}")
+        return write_cassette_report(cassettes, run_dir / REPORT_NAME,
+                                     f"rootbench: {run_dir.name}", checks)
     except Interrupted:
         raise
     except Exception as exc:  # noqa: BLE001 - the results are on disk; a report must not cost them

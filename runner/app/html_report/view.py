@@ -25,7 +25,7 @@ from runner.app import compare as _compare
 from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
 from runner.app.reference import reference_text, references
-from runner.app.report import DERIVED_COLUMNS, GRADED_COLUMNS, statistics_rows
+from runner.app.report import DERIVED_COLUMNS, GRADED_COLUMNS, levels_in_order, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
 from runner.app.stats import compare, deciding, first_tries, repair_of, score_of, verdict_counts
 from runner.core import layout
@@ -122,6 +122,45 @@ class RunView:
     source: str
     info: dict[str, Any] = field(default_factory=dict)  # results.json "run", when there is one
     episodes: list[EpisodeView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChecksTable:
+    """``rootbench verify``'s own table, which its report leads with: one row per scenario, its
+    first cell the scenario id, then a mark per check as the terminal prints it (``ok``,
+    ``FAIL``, ``-`` not reached, ``ok:2/2`` shortcuts rejected, ``none``), as
+    :func:`runner.app.verify.table_rows` gives them; ``valid`` says per row whether the scenario
+    is valid (a flaky one is not, whatever its marks)."""
+
+    headers: list[str]
+    rows: list[list[str]]
+    valid: list[bool]
+
+
+def _mark_class(mark: str) -> str:
+    """A check's mark as one of three fixed words the template turns into a colour: ``ok``,
+    ``fail`` (FAIL, FLAKY), or ``none`` (not reached, nothing to prove, any other text)."""
+    word = mark.split(":", 1)[0]
+    return "ok" if word == "ok" else ("fail" if word in ("FAIL", "FLAKY") else "none")
+
+
+def checks_view(checks: ChecksTable, runs: Sequence[RunView]) -> dict[str, Any]:
+    """What the template shows of ``checks``: the headers, and per row the scenario (linked to
+    its first trajectory on the page, when there is one), each mark with its class, and the
+    cells after the checks (tries, seconds, the first problem) as text."""
+    anchors: dict[str, str] = {}
+    for run in runs:
+        for ep in run.episodes:
+            anchors.setdefault(ep.scenario, ep.anchor)
+    marks = [h for h in checks.headers[1:] if h not in ("tries", "seconds", "problem")]
+    rows = []
+    for row, valid in zip(checks.rows, checks.valid, strict=True):
+        cells = [{"text": text(c), "class": _mark_class(text(c)) if h in marks else ""}
+                 for h, c in zip(checks.headers[1:], row[1:], strict=True)]
+        rows.append({"scenario": text(row[0]), "anchor": anchors.get(text(row[0]), ""),
+                     "valid": valid, "cells": cells})
+    return {"headers": [text(h) for h in checks.headers], "rows": rows,
+            "valid": sum(checks.valid), "total": len(checks.rows)}
 
 
 def _as_result(data: dict[str, Any]) -> Episode | None:
@@ -230,6 +269,9 @@ def runs_from_cassettes(paths: Iterable[Path | str]) -> list[RunView]:
         if key not in runs:
             runs[key] = RunView(label=f"{model} · {protocol}", source=text(shown_path(path.parent)))
         runs[key].episodes.append(ep)
+    for run in runs.values():  # a folder lists x.r0.h1.jsonl before x.r0.jsonl: level 0 first
+        run.episodes = levels_in_order(run.episodes, lambda e: (e.scenario, e.round),
+                                       lambda e: e.hint_level)
     return list(runs.values())
 
 
@@ -366,7 +408,7 @@ def _row(ep: EpisodeView, optional: list[tuple[str, str]],
          derived: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
     tokens_in, tokens_out = integer(ep.get("tokens_in")), integer(ep.get("tokens_out"))
     return {
-        "scenario": ep.scenario, "round": ep.round + 1, "verdict": ep.verdict,
+        "scenario": ep.scenario, "round": ep.round, "verdict": ep.verdict,
         "flags": ", ".join(text(f) for f in as_list(ep.get("flags"))) or "",
         "turns": integer(ep.get("turns")), "commands": integer(ep.get("commands")),
         "repeats": integer(ep.get("repeats")),
@@ -397,7 +439,7 @@ def _heatmap(runs: Sequence[RunView]) -> dict[str, Any]:
     columns = []
     for i, run in enumerate(runs):
         for r in sorted({ep.round for ep in run.episodes}):
-            columns.append((i, r, f"r{r + 1}"))
+            columns.append((i, r, f"r{r}"))  # as cassettes name it
     cells = {(i, *key): ep for i, run in enumerate(runs) for key, ep in _deciding(run).items()}
     rows: list[dict[str, Any]] = []
     for s in scenarios:
@@ -442,9 +484,13 @@ def phases_text(phases: Any) -> str:
     return " · ".join(shown)
 
 
-def page(runs: Sequence[RunView]) -> dict[str, Any]:
+def page(runs: Sequence[RunView], checks: ChecksTable | None = None) -> dict[str, Any]:
     """What the template is handed of ``runs`` (side by side when there are several), the plots,
-    title and page furniture aside; gives each episode its anchor on the page."""
+    title and page furniture aside; gives each episode its anchor on the page.
+
+    With ``checks`` (a verify's report) the page leads with that table, and neither compare's
+    verdict nor the statistics of the runs: its noop, oracle and scripted agents are not models
+    to rank, and "oracle against noop" answers no question verify asks."""
     total = sum(len(run.episodes) for run in runs)
     for i, run in enumerate(runs):
         for j, ep in enumerate(run.episodes):
@@ -465,8 +511,11 @@ def page(runs: Sequence[RunView]) -> dict[str, Any]:
         })
     ran = [ep.scenario for run in runs for ep in first_tries(_results(run))]
     return {"runs": views, "optional": [t for t, _c in derived] + [t for _k, t in optional],
-            "heatmap": _heatmap(runs), "verdicts": verdicts(runs), "filters": filters,
-            "reference": reference_text(references(ran), len(set(ran))) if ran else "",
+            "heatmap": _heatmap(runs), "filters": filters,
+            "checks": checks_view(checks, runs) if checks is not None else None,
+            "verdicts": verdicts(runs) if checks is None else [],
+            "reference": reference_text(references(ran), len(set(ran)))
+            if ran and checks is None else "",
             "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields,
             "fixed_turn": fixed_turn}
 
