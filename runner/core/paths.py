@@ -147,7 +147,7 @@ def resolve_in_root(root: str | Path, name: str) -> Path | None:
     than :data:`MAX_SYMLINKS` links, or an error looking, is None.
     """
     top = Path(os.path.realpath(root))
-    todo = [p for p in reversed(PurePosixPath(name).parts) if p != "/"]
+    todo = _components(name)
     here: list[str] = []  # the resolved components below ``top``: none is a symlink
     links = 0
     while todo:
@@ -178,8 +178,15 @@ def resolve_in_root(root: str | Path, name: str) -> Path | None:
             return None
         if target.startswith("/"):
             here = []
-        todo.extend(p for p in reversed(PurePosixPath(target).parts) if p != "/")
+        todo.extend(_components(target))
     return contained(top.joinpath(*here), top)
+
+
+def _components(path: str) -> list[str]:
+    """``path``'s components, last first (a stack), without its root: ``/`` or the ``//`` that
+    POSIX lets a path start with (Linux reads it as ``/``). Joined to the root, a ``//`` left
+    in would be the host's own ``/``, and the walk would look the rest up there."""
+    return [p for p in reversed(PurePosixPath(path).parts) if p.strip("/")]
 
 
 # --- files that users name -------------------------------------------------------------------
