@@ -52,6 +52,13 @@ MAX_WRITE_FILE_BYTES = (MAX_COMMAND_CHARS - _WRITE_OVERHEAD) // 4 * 3  # base64:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _plain(text: str) -> str:
+    """``text`` as a plain ``str``: a subclass answers ``len``, ``strip`` and ``encode`` itself
+    (one that says 1 would pass every bound), so the string it holds is what is checked, and
+    what is recorded and run."""
+    return text if type(text) is str else str.__str__(text)
+
+
 def _valid_text(text: str, what: str) -> str:
     """``text`` if it encodes as UTF-8; else the one-line reason it cannot be carried."""
     try:
@@ -71,7 +78,10 @@ def bounded_command(text: object) -> str:
     UTF-8 once encoded, without NUL. Returned unchanged: what the agent sent is
     what is recorded and run.
     """
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        raise AgentInputError("the command must be a non-empty string")
+    text = _plain(text)
+    if not text.strip():
         raise AgentInputError("the command must be a non-empty string")
     if len(text) > MAX_COMMAND_CHARS:
         raise AgentInputError(
@@ -97,9 +107,13 @@ def bounded_timeout(value: object) -> float | None:
         raise AgentInputError(f"the timeout must be a number of seconds, not "
                               f"{type(value).__name__}")
     if isinstance(value, int):
+        value = int.__index__(value)  # the number itself, not a subclass's own comparisons
         if value <= 0:
-            raise AgentInputError(f"the timeout must be above zero seconds, not {value}")
+            # A long one is not printed: past 4,300 digits Python will not make it text.
+            shown = value if value > -10 ** 12 else "a negative number"
+            raise AgentInputError(f"the timeout must be above zero seconds, not {shown}")
         return float(min(value, int(MAX_TIMEOUT)))
+    value = float.__float__(value)  # the number itself, as for an int
     if not math.isfinite(value):
         raise AgentInputError(f"the timeout must be a finite number of seconds, not {value!r}")
     if value <= 0:
@@ -112,6 +126,7 @@ def bounded_summary(text: object) -> str:
     :data:`MAX_SUMMARY_CHARS` characters, valid UTF-8; else :class:`AgentInputError`."""
     if not isinstance(text, str):
         raise AgentInputError(f"the summary must be a string, not {type(text).__name__}")
+    text = _plain(text)
     if len(text) > MAX_SUMMARY_CHARS:
         raise AgentInputError(f"the summary is {len(text):,} characters long; at most "
                               f"{MAX_SUMMARY_CHARS:,} are accepted")

@@ -95,3 +95,43 @@ def test_new_symlink_shapes_in_a_recipe_path_never_leave_the_root(tmp_path: Path
         found = resolve_in_root(root, name)
         assert found is None or contained(found, root) == found, name
     assert sorted(p.name for p in host.iterdir()) == ["data"]
+
+
+# --- input from an agent: bounded before any work ------------------------------------------------
+
+def test_a_timeout_too_long_to_print_is_refused_as_agent_input() -> None:
+    """A Python agent's ``shell.run(cmd, timeout=-10**5000)``: the refusal's message printed the
+    integer, which Python will not turn into text past 4,300 digits, so the agent got a bare
+    ValueError about integer conversion instead of the one-line refusal."""
+    with pytest.raises(AgentInputError, match="above zero"):
+        bounded_timeout(-10 ** 5000)
+    with pytest.raises(AgentInputError, match="above zero"):
+        bounded_timeout(-(2 ** 2000))
+    assert bounded_timeout(10 ** 5000) == 3600.0
+    assert bounded_timeout(5e-324) == 5e-324  # tiny but positive: the loop's floor of 1 s applies
+    for bad in (-0.0, float("nan"), float("-inf"), True, "10", [1]):
+        with pytest.raises(AgentInputError):
+            bounded_timeout(bad)
+
+
+def test_a_string_subclass_cannot_talk_its_way_past_the_command_bounds() -> None:
+    """A ``str`` subclass answers ``len``, ``strip`` and ``encode`` itself: one that said 1 got a
+    1 MB command with a NUL past every bound. The command is now taken as the plain string it
+    holds, and that is what is checked, recorded and run."""
+
+    class Liar(str):
+        def __len__(self) -> int:
+            return 1
+
+        def strip(self, chars: str | None = None) -> str:
+            return "x"
+
+        def __contains__(self, key: object) -> bool:
+            return False
+
+    with pytest.raises(AgentInputError, match="characters long"):
+        bounded_command(Liar("a" * (MAX_COMMAND_CHARS + 1)))
+    with pytest.raises(AgentInputError, match="NUL"):
+        bounded_command(Liar("echo \0"))
+    kept = bounded_command(Liar("echo hi"))
+    assert kept == "echo hi" and type(kept) is str
