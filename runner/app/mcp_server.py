@@ -312,11 +312,13 @@ def screen_message(line: bytes) -> tuple[str | None, str | None]:
     answer)`` for what the SDK would drop without a word.
 
     The SDK's stdio transport answers nothing to a line it cannot parse, to a
-    batch (a JSON array, which MCP does not use) or to a string with a lone
-    surrogate escape (``"\\ud800"``, valid JSON but not Unicode text): the client
-    then waits for ever. Each gets an error naming the request's ``id`` when it
-    has one (JSON-RPC 2.0: -32700 parse error, -32600 invalid request, -32602
-    invalid params).
+    batch (a JSON array, which MCP does not use), to a string with a lone
+    surrogate escape (``"\\ud800"``, valid JSON but not Unicode text), nor to
+    anything its own reader refuses or takes for a notification (not an object,
+    an id that is a float, a bool or null, a wrong ``jsonrpc``, no ``method``,
+    nesting deeper than its parser takes): the client then waits for ever. Each
+    gets an error naming the request's ``id`` when it has a usable one (JSON-RPC
+    2.0: -32700 parse error, -32600 invalid request, -32602 invalid params).
     """
     try:
         text = line.decode("utf-8")
@@ -332,13 +334,40 @@ def screen_message(line: bytes) -> tuple[str | None, str | None]:
     if isinstance(value, list):
         return None, _error_line(None, -32600, "Invalid Request: JSON-RPC batches are not "
                                                "supported; send one message per line")
-    msg_id = value.get("id") if isinstance(value, dict) else None
-    msg_id = msg_id if isinstance(msg_id, str | int) and _lone_surrogate(msg_id) is None else None
+    if not isinstance(value, dict):
+        return None, _error_line(None, -32600, "Invalid Request: a message is a JSON object")
+    msg_id = value.get("id")
+    usable = isinstance(msg_id, str | int) and not isinstance(msg_id, bool)
+    msg_id = msg_id if usable and _lone_surrogate(msg_id) is None else None
+    # A request whose id the SDK cannot use is a notification to it, answered with nothing
+    # (a response's null id is JSON-RPC's own, and passes).
+    if "id" in value and "method" in value and not usable:
+        return None, _error_line(None, -32600, "Invalid Request: the id must be a string or "
+                                               "an integer")
     if (where := _lone_surrogate(value)) is not None:
         return None, _error_line(msg_id, -32602,
                                  f"Invalid params: a string holds a lone surrogate ({where}), "
                                  "which is not Unicode text; send valid UTF-8")
+    if (why := _not_a_message(text)) is not None:
+        return None, _error_line(msg_id, -32600, f"Invalid Request: {why}")
     return text, None
+
+
+def _not_a_message(text: str) -> str | None:
+    """Why the SDK cannot read ``text`` as a JSON-RPC message (it would log that and answer
+    nothing: a wrong ``jsonrpc``, no ``method``, nesting deeper than its parser takes), in
+    one line; None when it can. Its own reader, so the two never disagree."""
+    from mcp.types import jsonrpc_message_adapter
+    from pydantic import ValidationError
+
+    try:
+        jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[:1]
+        where = ".".join(str(x) for x in first[0]["loc"][1:]) if first else ""
+        said = first[0]["msg"] if first else str(exc)
+        return one_line(f"{where}: {said}" if where else said, 160)
+    return None
 
 
 class _StdioOut:

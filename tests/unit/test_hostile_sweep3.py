@@ -135,3 +135,104 @@ def test_a_string_subclass_cannot_talk_its_way_past_the_command_bounds() -> None
         bounded_command(Liar("echo \0"))
     kept = bounded_command(Liar("echo hi"))
     assert kept == "echo hi" and type(kept) is str
+
+
+# --- the MCP server: every message gets an answer ------------------------------------------------
+
+_INVALID = {
+    b'42': None, b'"hello"': None, b'null': None,
+    b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}': None,
+    b'{"jsonrpc":"2.0","id":true,"method":"ping"}': None,
+    b'{"jsonrpc":"2.0","id":{},"method":"ping"}': None,
+    b'{"jsonrpc":"2.0","id":null,"method":"ping"}': None,
+    b'{"jsonrpc":"1.0","id":2,"method":"ping"}': 2,
+    b'{"jsonrpc":"2.0","id":3}': 3,
+    b'{"jsonrpc":"2.0","id":"a","method":5}': "a",
+    b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"run_command","arguments":'
+    b'{"command":"id","x":' + b"[" * 900 + b"]" * 900 + b'}}}': 4,
+}
+
+
+def test_a_message_the_sdk_would_drop_unanswered_gets_an_invalid_request_error() -> None:
+    """Over stdio the SDK answers nothing to a message that is not a JSON-RPC request it can read:
+    a number or a string, an id that is a float, a bool, an object or null (it took those for
+    notifications), a wrong ``jsonrpc``, no ``method``, or nesting deeper than its own parser
+    takes (900 levels pass Python's). The client then waited for ever. Each now gets -32600,
+    with the message's id when it has a usable one."""
+    for line, msg_id in _INVALID.items():
+        text, reply = screen_message(line)
+        assert text is None and reply is not None, line[:60]
+        error = json.loads(reply)
+        assert error["error"]["code"] == -32600 and error["id"] == msg_id, (line[:60], error)
+        assert "\n" not in error["error"]["message"] and len(error["error"]["message"]) < 300
+    for good in (b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+                 b'{"jsonrpc":"2.0","id":"x","method":"ping","params":{}}',
+                 b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+                 b'{"jsonrpc":"2.0","id":7,"result":{}}',
+                 b'{"jsonrpc":"2.0","id":8,"error":{"code":-1,"message":"no"}}',
+                 b'{"jsonrpc":"2.0","id":null,"error":{"code":-1,"message":"no"}}',
+                 b'{"jsonrpc":"2.0","id":%d,"method":"ping"}' % 10 ** 30):
+        assert screen_message(good) == (good.decode(), None), good
+
+
+def _reply(proc: subprocess.Popen[bytes], buffer: list[bytes], within: float = 30.0) -> Any:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within
+    while b"\n" not in buffer[0]:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([proc.stdout], [], [], left)[0], "no reply in time"
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, "the server closed its stdout"
+        buffer[0] += chunk
+    line, buffer[0] = buffer[0].split(b"\n", 1)
+    return json.loads(line)
+
+
+def test_the_stdio_server_answers_invalid_requests_and_still_judges(tmp_path: Path) -> None:
+    # A process: the real `rootbench mcp` over stdio on the flag guest (tests/flag_mcp.py).
+    spec = tmp_path / "flags.yaml"
+    spec.write_text(FLAGS)
+    proc = subprocess.Popen([sys.executable, str(FLAG_MCP), str(spec), str(tmp_path / "runs")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=(tmp_path / "server.log").open("w"), cwd=ROOT)
+    assert proc.stdin is not None
+    buffer = [b""]
+
+    def send(line: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+
+    try:
+        send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "sweep", "version": "0"}}}).encode())
+        assert _reply(proc, buffer)["id"] == 0
+        send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        for line, msg_id in _INVALID.items():
+            send(line)
+            got = _reply(proc, buffer)
+            assert got["error"]["code"] == -32600 and got["id"] == msg_id, (line[:60], got)
+        send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "finish", "arguments": {"summary": "nothing"}}}).encode())
+        got = _reply(proc, buffer, within=90)
+        assert got["id"] == 9 and json.loads(got["result"]["content"][0]["text"])["verdict"] == "fail"
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+    [results] = (tmp_path / "runs").glob("*/results.json")
+    [episode] = json.loads(results.read_text())["episodes"]
+    assert episode["stop"] == "finish" and episode["commands"] == 0
+
+
+@pytest.mark.parametrize("value", ["[::1]:0", "localhost:99999", "0:80", "::", "/tmp/mcp.sock",
+                                   "unix:/tmp/mcp.sock", "[::ffff:127.0.0.1]:8765", "[::]:8765",
+                                   "127.0.0.1:8765:1", "a" * 300 + ":8765", "\u0668\u0667\u0666\u0665"])
+def test_http_addresses_of_the_sweep_are_one_line(value: str) -> None:
+    """``--http`` oddities (all held): a port of 0 or past 65535, the wildcard in either
+    spelling, a unix socket path, an IPv4-mapped loopback, a label too long, Unicode digits."""
+    with pytest.raises(InvalidInput) as err:
+        parse_http(value)
+    assert err.value.field == "--http" and "\n" not in str(err.value)
