@@ -60,6 +60,7 @@ from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.outcomes import AgentKind
 from runner.core.protocol import Protocol, choose_protocol, get_protocol
 from runner.core.spec import Scenario
+from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.bench")
 VM_RESOURCE = "vm"  # the custom resource each node declares: how many VMs it runs at once
@@ -98,15 +99,19 @@ def import_ray() -> ModuleType:
 def reachable(address: str) -> None:
     """``--ray-address HOST:PORT`` parses and something answers there, or :class:`InvalidInput`."""
     host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # ASCII digits, at most five: str.isdigit takes any script's, and int() will not read
+    # an integer of 4,300 digits or more (a crash, not a one-line refusal).
+    if "://" in address or not host or not re.fullmatch(r"[0-9]{1,5}", port) \
+            or not 0 < int(port) < 65536:
         raise InvalidInput(f"not HOST:PORT (the head's GCS address, e.g. 10.0.0.5:6379): "
-                           f"{address!r}", field="--ray-address")
+                           f"{one_line(address, 80)!r}", field="--ray-address")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
             pass
-    except OSError as exc:
-        raise InvalidInput(f"nothing answers at {address} ({exc.strerror or exc}); is the Ray "
-                           "head running?", field="--ray-address") from None
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a label the IDNA codec refuses
+        why = getattr(exc, "strerror", None) or exc
+        raise InvalidInput(f"nothing answers at {one_line(address, 80)} ({one_line(str(why))}); "
+                           "is the Ray head running?", field="--ray-address") from None
 
 
 def resolve_auto(env_var: str = "RAY_ADDRESS") -> str:

@@ -236,3 +236,21 @@ def test_http_addresses_of_the_sweep_are_one_line(value: str) -> None:
     with pytest.raises(InvalidInput) as err:
         parse_http(value)
     assert err.value.field == "--http" and "\n" not in str(err.value)
+
+
+# --- Ray: a bad address is bad input ---------------------------------------------------------------
+
+def test_a_ray_address_with_a_long_label_or_a_long_port_is_one_line(cli: Cli) -> None:
+    """``--ray-address`` with a host label over 63 characters (the IDNA codec's UnicodeError) or a
+    port of 5,000 digits (Python will not read an integer that long) crashed: "unexpected error
+    ... please report this", exit 1 and a crash log, for what is bad input."""
+    for address in ("a" * 300 + ":6379", "127.0.0.1:" + "0" * 5000 + "1", "127.0.0.1:\u0666\u0663\u0667\u0669",
+                    "127.0.0.1:65536", "127.0.0.1:6379\n"):
+        with pytest.raises(InvalidInput) as err:
+            reachable(address)
+        assert err.value.field == "--ray-address" and "\n" not in str(err.value)
+        assert len(str(err.value)) < 300
+    r = cli("-q", "bench", "--agent", "noop", "--executor", "ray", "--ray-address",
+            "a" * 300 + ":6379", "specs/dir-missing-exec.yaml", timeout=60)
+    assert r.returncode == 2 and "please report" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
