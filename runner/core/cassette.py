@@ -30,7 +30,7 @@ from runner.core import layout
 from runner.core.cassette_header import CassetteHeader, check_format, read_header
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.model import ChatRequest
-from runner.core.paths import read_regular, schema_path
+from runner.core.paths import contained, read_regular, schema_path
 
 jsonschema_rs: ModuleType | None  # None without its wheel
 try:  # compiled (Rust) validation of the same schema; jsonschema still describes what is wrong
@@ -347,9 +347,11 @@ def find_cassettes(paths: list[str | Path],
     folder does not hide the good ones. A path named on the command line that
     does not exist is the user's typo, and an error at once.
 
-    A folder that cannot be listed (no permission) is never skipped in
-    silence: with ``unreadable`` given, it is added there with the reason
-    (the replay tables it and exits non-zero), else it is an InvalidInput.
+    A folder that cannot be listed (no permission), or a file in a folder that
+    is a link to outside it, is never skipped in silence: with ``unreadable``
+    given, it is added there with the reason (the replay tables it and exits
+    non-zero), else it is an InvalidInput. A path named itself is the user's
+    choice, and taken as it is.
     """
     found: list[Path] = []
     problems: list[tuple[Path, str]] = []
@@ -371,7 +373,15 @@ def find_cassettes(paths: list[str | Path],
 
             for folder, _dirs, files in os.walk(p, onerror=failed):
                 here += [Path(folder) / f for f in files if f.endswith(layout.SUFFIX)]
-            found.extend(sorted(here))
+            for f in sorted(here):
+                # A file the folder holds is the folder's only if it is inside it: a link
+                # out of it (a contributed folder's ``x.jsonl -> ~/private/run.jsonl``)
+                # would have an export share, and a replay read, a file of someone else's.
+                if contained(f, p) is None:
+                    problems.append((f, "a link to a file outside the folder named, not read "
+                                        "(name that file itself to use it)"))
+                else:
+                    found.append(f)
         else:
             found.append(p)
     if problems:

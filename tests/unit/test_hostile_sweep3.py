@@ -254,3 +254,47 @@ def test_a_ray_address_with_a_long_label_or_a_long_port_is_one_line(cli: Cli) ->
             "a" * 300 + ":6379", "specs/dir-missing-exec.yaml", timeout=60)
     assert r.returncode == 2 and "please report" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# --- run folders: what they hold stays theirs --------------------------------------------------
+
+def _oracle_cassette() -> Path:
+    return next(p for p in sorted(ORACLE.glob("*.jsonl")) if p.name.count(".") == 1)
+
+
+def test_a_cassette_linked_from_outside_the_folder_is_neither_exported_nor_replayed(
+        cli: Cli, tmp_path: Path) -> None:
+    """A run or recordings folder may hold a symlink whose target lies outside it (a contributed
+    folder: git keeps links). ``export`` followed it and put that outside cassette, of another
+    run of the user's, in the Harbor trial folder made to be shared; ``replay`` read it.
+    A file found in a folder is now one of the folder's only if its real path is inside it."""
+    source = _oracle_cassette()
+    secret = tmp_path / "elsewhere" / f"secret-{source.name}"
+    secret.parent.mkdir()
+    secret.write_text(source.read_text().replace('"task": "', '"task": "TOP-SECRET ', 1))
+    folder = tmp_path / "contributed"
+    folder.mkdir()
+    shutil.copy(source, folder / source.name)
+    stem = source.name.removesuffix(".jsonl")
+    (folder / f"{stem}.r1.jsonl").symlink_to(secret)
+    inside = folder / "sub"
+    inside.mkdir()
+    (inside / f"{stem}.r2.jsonl").symlink_to(Path("..") / source.name)  # a link inside: fine
+
+    unreadable: list[tuple[Path, str]] = []
+    found = find_cassettes([folder], unreadable=unreadable)
+    assert found == [folder / source.name, inside / f"{stem}.r2.jsonl"]
+    assert [p for p, _why in unreadable] == [folder / f"{stem}.r1.jsonl"]
+    assert "outside" in unreadable[0][1]
+    with pytest.raises(InvalidInput, match="outside"):
+        find_cassettes([folder])
+    assert find_cassettes([folder / f"{stem}.r1.jsonl"]) == [folder / f"{stem}.r1.jsonl"]  # named
+
+    out = tmp_path / "export"
+    r = cli("-q", "export", "--format", "atif", str(folder), "--out", str(out))
+    assert r.returncode == 2 and "outside" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not any("TOP-SECRET" in p.read_text() for p in out.rglob("*") if p.is_file())
+    r = cli("-q", "replay", "--offline", str(folder), timeout=120)
+    assert r.returncode == 2 and "TOP-SECRET" not in r.stdout + r.stderr
+    assert re.search(rf"{stem}\.r1\.jsonl .*unreadable", r.stdout), r.stdout
