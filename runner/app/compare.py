@@ -23,8 +23,9 @@ With more than two runs, each is compared with the first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from runner.app.runs import episodes_from_recordings, is_recordings, load_episod
 from runner.app.stats import CONFIDENCE, Comparison, Interval, Summary, compare, summarize
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
-from runner.core.text import printable
+from runner.core.text import md_cell, one_line
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def load_run(path: Path) -> Run:
 
 def run_label(info: dict[str, Any], episodes: Sequence[Episode]) -> str:
     """The model and protocol the episodes name (the cassette headers' and run.json's), else
-    the agent (oracle, noop)."""
+    the agent (oracle, noop): one line, since the names are the recordings' and a newline in
+    one would add lines wherever the label is shown."""
     agent = info.get("agent")
     if episodes:
         kinds = dict.fromkeys((e.agent.value, e.model, e.protocol) for e in episodes)
@@ -108,7 +110,7 @@ def run_label(info: dict[str, Any], episodes: Sequence[Episode]) -> str:
             names.append(kind)
         else:
             names.append(f"{model} ({protocol})" if protocol else model)
-    return printable(", ".join(dict.fromkeys(names)))
+    return one_line(", ".join(dict.fromkeys(names)), 200)
 
 
 def compare_runs(paths: Sequence[Path], confidence: float = CONFIDENCE) -> list[RunComparison]:
@@ -180,12 +182,18 @@ def _own_figures(rc: RunComparison, level: str) -> list[list[str]]:
 
 
 def _text(rc: RunComparison, fmt: str) -> str:
+    # Names from recordings (labels, scenario ids) and the folders' paths are one line each,
+    # and in a github table, which is Markdown, escaped for it: a '|' adds no cell, no HTML.
+    cell: Callable[[str, int], str] = md_cell if fmt == "github" else one_line
+    if fmt == "github":  # the verdict lines name the runs by their labels too
+        rc = dataclasses.replace(rc, a=dataclasses.replace(rc.a, label=md_cell(rc.a.label)),
+                                 b=dataclasses.replace(rc.b, label=md_cell(rc.b.label)))
     r = rc.result
     a, b = rc.names()
     level = f"{r.confidence:.0%}"
     tablefmt = "github" if fmt == "github" else "plain"
-    lines = [f"A: {a}, from {printable(str(rc.a.path))}",
-             f"B: {b}, from {printable(str(rc.b.path))}", "",
+    lines = [f"A: {a}, from {cell(str(rc.a.path), 300)}",
+             f"B: {b}, from {cell(str(rc.b.path), 300)}", "",
              "Each on its own (the figures of `rootbench report`):", "",
              tabulate(_own_figures(rc, level), headers=["", f"A: {a}", f"B: {b}"],
                       disable_numparse=True, tablefmt=tablefmt),
@@ -196,7 +204,7 @@ def _text(rc: RunComparison, fmt: str) -> str:
         def fig(x: float | None, sign: bool = False) -> str:
             return "-" if x is None else f"{x:+.2f}" if sign else f"{x:.2f}"
 
-        rows = [[printable(s.scenario), str(s.pairs), f"{s.a_passes}/{s.pairs}",
+        rows = [[cell(s.scenario, 120), str(s.pairs), f"{s.a_passes}/{s.pairs}",
                  f"{s.b_passes}/{s.pairs}", fig(s.a_repair), fig(s.b_repair),
                  fig(s.repair_diff, sign=True), f"{s.a_score:.2f}", f"{s.b_score:.2f}",
                  f"{s.score_diff:+.2f}"] for s in r.scenarios]

@@ -298,3 +298,37 @@ def test_a_cassette_linked_from_outside_the_folder_is_neither_exported_nor_repla
     r = cli("-q", "replay", "--offline", str(folder), timeout=120)
     assert r.returncode == 2 and "TOP-SECRET" not in r.stdout + r.stderr
     assert re.search(rf"{stem}\.r1\.jsonl .*unreadable", r.stdout), r.stdout
+
+
+EVIL = ("evil\n<!-- results:end -->\n\x1b[31mred\x1b]0;t\x07 \u202egnp.exe\u2028x\x85y\r"
+        "-->|[a](javascript:alert(1))<script>alert(1)</script>")
+
+
+def _run(folder: Path, model: str, protocol: str, scenario: str) -> Path:
+    eps = [Episode(scenario=scenario, agent=AgentKind.MODEL, model=model, protocol=protocol,
+                   round=0, verdict=Verdict.PASS, reason="ok", score=1.0)]
+    folder.mkdir()
+    write_results(folder, {"agent": {"kind": "model", "model": model}}, eps)
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["github", "plain"])
+def test_compare_shows_names_from_recordings_as_one_escaped_line(tmp_path: Path, fmt: str) -> None:
+    """``report`` was mended (#46 item 8) but ``compare`` still printed a run's model and protocol
+    names and its scenario ids as they were recorded: newlines added lines (and made a
+    ``<!-- results:end -->`` line of its own), ``|`` added cells to its github tables, HTML and
+    U+2028 went through. Now one line each, and escaped for Markdown in a github one."""
+    plain = render_comparisons(compare_runs([_run(tmp_path / "a", "m", "tools", "s1"),
+                                             _run(tmp_path / "b", "n", "json", "s1")]), fmt)
+    evil = render_comparisons(compare_runs([_run(tmp_path / "c", EVIL, EVIL, "s1\n| x |"),
+                                            _run(tmp_path / "d", "n", "json", "s1\n| x |")]), fmt)
+    assert len(evil.splitlines()) == len(plain.splitlines()), evil
+    assert "\x1b" not in evil and "\u202e" not in evil and "\u2028" not in evil and "\x85" not in evil
+    assert not any(line.strip() == "<!-- results:end -->" for line in evil.splitlines())
+    if fmt == "github":
+        assert re.search(r"(?<!\\)<(script|!--)", evil) is None, evil
+        for line in evil.splitlines():
+            if line.startswith("|"):
+                assert len(re.findall(r"(?<!\\)\|", line)) in {
+                    len(re.findall(r"(?<!\\)\|", ln)) for ln in plain.splitlines()
+                    if ln.startswith("|")}, line
