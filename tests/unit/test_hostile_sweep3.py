@@ -332,3 +332,25 @@ def test_compare_shows_names_from_recordings_as_one_escaped_line(tmp_path: Path,
                 assert len(re.findall(r"(?<!\\)\|", line)) in {
                     len(re.findall(r"(?<!\\)\|", ln)) for ln in plain.splitlines()
                     if ln.startswith("|")}, line
+
+
+# --- nothing outside rootbench's own folders changes -------------------------------------------
+
+def test_the_html_report_writes_nothing_in_home_outside_rootbenchs_cache(tmp_path: Path) -> None:
+    # A process: matplotlib picks its folders when it is first imported, so only a process of
+    # its own shows where a report's plots leave their caches.
+    """``report --html`` drew its plots with matplotlib, which made ``~/.config/matplotlib`` and
+    wrote its font list to ``~/.cache/matplotlib``: folders of the user's that are not
+    rootbench's. Its config and cache now live in rootbench's cache folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    run = _run(tmp_path / "run", "m", "tools", "s1")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "ROOTBENCH_CACHE")}
+    done = subprocess.run([sys.executable, "-m", "runner", "-q", "report", str(run), "--html",
+                           "--out", str(tmp_path / "r.html")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**env, "HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert "<img" in (tmp_path / "r.html").read_text(encoding="utf-8")  # the plots were drawn
+    made = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert all(m == ".cache" or m.startswith(".cache/rootbench") for m in made), made

@@ -12,7 +12,9 @@ same bytes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,8 @@ import markupsafe
 from runner.app.html_report.fields import num
 from runner.app.html_report.view import RunView
 from runner.app.stats import assists, hinted, pass_count, wilson
+from runner.backends.cachedir import cache_dir
+from runner.core.errors import InvalidInput
 
 
 @dataclass
@@ -50,6 +54,13 @@ def _svg_uri(fig: Any) -> str:
 
 def plots(runs: Sequence[RunView]) -> list[Plot] | None:
     """The report's plots as SVG data URIs; None when matplotlib is not installed."""
+    # matplotlib keeps its config and font cache under $MPLCONFIGDIR, else ~/.config and
+    # ~/.cache/matplotlib: folders of the user's that rootbench does not own. Read at its
+    # first import, so set before it (a folder the user chose is kept; with no cache folder
+    # to be had, matplotlib's own choice stands: a report is not refused for it).
+    if "MPLCONFIGDIR" not in os.environ:
+        with contextlib.suppress(InvalidInput, OSError):
+            os.environ["MPLCONFIGDIR"] = str(cache_dir("matplotlib"))
     try:
         # Optional heavy dependency (the `report` extra): without it the report has no plots.
         import matplotlib
