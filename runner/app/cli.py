@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runner import __version__
-from runner.app import atif, html_report, logs, mcp_server, results
+from runner.app import atif, html_report, logs, mcp_server, results, scaffold
 from runner.app.agent_api import BUILTIN as BUILTIN_AGENTS
 from runner.app.agent_api import AgentRef
 from runner.app.agent_api import resolve as resolve_agent
@@ -230,6 +230,16 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check scenario files against the schema")
     p.add_argument("paths", nargs="*", help="spec files or directories (default specs/)")
+
+    p = sub.add_parser("new", help="write a commented skeleton of a new scenario that validates "
+                                   "(docs/scenarios.md)")
+    p.add_argument("id", metavar="ID", help="the new scenario's id: lower-case letters, digits, '-'")
+    p.add_argument("--image", required=True, metavar="IMAGE",
+                   help="the image recipe its VM is built from (images/IMAGE.yaml), e.g. "
+                        f"{DEFAULT_IMAGE}")
+    p.add_argument("--out", metavar="FILE",
+                   help="where the skeleton goes (default specs/ID.yaml); an existing file is "
+                        "never replaced")
 
     p = sub.add_parser("list", help="list the scenarios: label, measured tier, in the default "
                                     "bench or not")
@@ -486,6 +496,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             _out(f"{path}: ok ({scenario.id})")
     _out(f"{len(results) - bad} valid, {bad} invalid")
     return 2 if bad else 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    """A commented skeleton of scenario ID on IMAGE (runner/app/scaffold.py), and what next."""
+    path = scaffold.write_new(args.id, args.image, Path(args.out) if args.out else None)
+    _out(f"{path}: a skeleton of scenario {args.id} on {args.image} (a working example: cron "
+         f"stopped); edit it, then `rootbench validate {path}` and `rootbench verify {path}`")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -1064,7 +1082,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-COMMANDS = {"validate": cmd_validate, "list": cmd_list, "run": cmd_run, "bench": cmd_bench,
+COMMANDS = {"validate": cmd_validate, "new": cmd_new, "list": cmd_list, "run": cmd_run,
+            "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
             "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
