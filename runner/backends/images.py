@@ -332,7 +332,8 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
     mirror = host_mirror()
     log.info("building %s (%s) from %s; this takes a minute or two", recipe.name, recipe.suite, mirror)
     work = d.with_name(d.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
+    if work.exists():
+        _delete_tree(work)  # an earlier build's leftovers, unless a mount is still in them
     work.mkdir(parents=True)
     apt_cache = cache_dir("apt-archives") / recipe.suite
     apt_cache.mkdir(parents=True, exist_ok=True)
@@ -381,7 +382,7 @@ def _build(recipe: Recipe, d: Path) -> BuiltImage:
     base = work / "base.qcow2"
     _run([qemu_img, "convert", "-q", "-O", "qcow2", str(raw), str(base)], "qemu-img", work)
     raw.unlink()
-    shutil.rmtree(rootfs)
+    _delete_tree(rootfs)
     sha = file_sha256(base)
     os.chmod(base, 0o444)
     built_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -431,6 +432,40 @@ def _build_disk(recipe: Recipe, i: int, rootfs: Path, work: Path, mkfs: str,
             **({"label": disk.label} if disk.label else {})}
 
 
+def _mounts_under(root: Path) -> list[str]:
+    """The mount points at or below ``root`` (its real path), from the kernel's own table."""
+    real = os.path.realpath(root).rstrip("/") or "/"
+    try:
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in table.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        # the kernel escapes space, tab, newline and backslash in octal (\040)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point == real or point.startswith(real + "/"):
+            found.append(point)
+    return found
+
+
+def _delete_tree(path: Path) -> None:
+    """``rmtree`` a folder of the build's own, never through a mount inside it.
+
+    Recipe commands run as root on the host: one that leaves a bind mount in the rootfs (of
+    the host's /home, say) would make ``rmtree`` delete the host's files through it, since a
+    real path does not show a mount. The kernel's mount table does, so a mount at or below
+    the folder stops the build with one line instead.
+    """
+    mounts = _mounts_under(path)
+    if mounts:
+        raise InfraError(f"refusing to delete {path}: {mounts[0]} is mounted inside it (a recipe "
+                         "command left a mount behind; unmount it first)")
+    shutil.rmtree(path)
+
+
 def _empty_inside(folder: Path, staging: Path) -> None:
     """Delete what ``folder`` holds, which must lie inside the build's ``staging`` directory.
 
@@ -445,7 +480,7 @@ def _empty_inside(folder: Path, staging: Path) -> None:
                          f"directory {staging}")
     for child in real.iterdir():
         if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
+            _delete_tree(child)
         else:
             child.unlink()
 
