@@ -674,7 +674,7 @@ def _guarded(app: Any, listener: Listener, on_end: Callable[[], None]) -> Any:
     this server (:func:`host_allowed`), and ``Authorization`` carries the bearer token
     (compared in constant time). A DELETE that ended a session calls ``on_end``."""
     Scope = MutableMapping[str, Any]
-    expected = f"Bearer {listener.token}".encode()
+    token = listener.token.encode()
 
     async def refuse(send: Callable[[Any], Awaitable[None]], status: int, text: str,
                      extra: list[tuple[bytes, bytes]]) -> None:
@@ -684,8 +684,11 @@ def _guarded(app: Any, listener: Listener, on_end: Callable[[], None]) -> Any:
 
     async def guarded(scope: Scope, receive: Callable[[], Awaitable[Any]],
                       send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope.get("type") != "http":
-            await app(scope, receive, send)  # the lifespan: the server's own start and stop
+        if scope.get("type") == "lifespan":
+            await app(scope, receive, send)  # the server's own start and stop
+            return
+        if scope.get("type") != "http":  # a websocket (or any other kind): nothing for it here
+            await send({"type": "websocket.close", "code": 1008})
             return
         headers: dict[bytes, bytes] = {}
         for k, v in scope.get("headers", []):
@@ -699,7 +702,10 @@ def _guarded(app: Any, listener: Listener, on_end: Callable[[], None]) -> Any:
                            and host_allowed(origin[len("http://"):], listener.address)):
             await refuse(send, 403, "requests from that Origin are refused", [])
             return
-        if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
+        # The scheme's name is case-insensitive (RFC 9110 11.1); the token is compared whole,
+        # in constant time.
+        scheme, _, given = headers.get(b"authorization", b"").strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), token):
             await refuse(send, 401, "send the server's token: Authorization: Bearer TOKEN",
                          [(b"www-authenticate", b'Bearer realm="rootbench"')])
             return

@@ -354,3 +354,47 @@ def test_the_html_report_writes_nothing_in_home_outside_rootbenchs_cache(tmp_pat
     assert "<img" in (tmp_path / "r.html").read_text(encoding="utf-8")  # the plots were drawn
     made = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert all(m == ".cache" or m.startswith(".cache/rootbench") for m in made), made
+
+
+def test_the_http_guard_takes_the_bearer_scheme_in_any_case_and_lets_no_websocket_through() -> None:
+    """RFC 9110: an auth scheme's name is case-insensitive, so `bearer TOKEN` is the token; a
+    websocket (or any scope but HTTP and the server's own lifespan) never reaches the app."""
+    import anyio
+
+    from runner.app.mcp_server import Listener, _guarded, parse_http
+
+    address = parse_http("127.0.0.1:8765")
+    reached: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        reached.append(scope["type"])
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = _guarded(app, Listener(None, address, "s3cret"), lambda: None)  # type: ignore[arg-type]
+
+    async def ask(scope: dict[str, Any]) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await guard(scope, receive, send)
+        return sent
+
+    def http(auth: bytes) -> dict[str, Any]:
+        return {"type": "http", "method": "POST", "path": "/mcp",
+                "headers": [(b"host", b"127.0.0.1:8765"), (b"authorization", auth)]}
+
+    for auth, status in ((b"Bearer s3cret", 200), (b"bearer s3cret", 200), (b"BEARER  s3cret", 200),
+                         (b"Bearer wrong", 401), (b"Basic s3cret", 401), (b"s3cret", 401)):
+        sent = anyio.run(ask, http(auth))
+        assert sent[0]["status"] == status, (auth, sent)
+    socket_scope = {"type": "websocket", "path": "/mcp", "headers": [
+        (b"host", b"127.0.0.1:8765"), (b"authorization", b"Bearer s3cret")]}
+    assert anyio.run(ask, socket_scope) == [{"type": "websocket.close", "code": 1008}]
+    assert reached == ["http", "http", "http"]  # the three good tokens, no websocket
