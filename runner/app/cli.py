@@ -326,6 +326,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=int, default=3, metavar="N",
                    help="with --oracle changed: how many scenarios still run live although "
                         "their recordings prove them (default 3; a window that moves each day)")
+    p.add_argument("--max-live", type=int, default=None, metavar="N",
+                   help="with --oracle changed: run live at most N of the scenarios whose "
+                        "recordings no longer prove them (a window that moves daily); the rest "
+                        "are deferred, reported apart, neither valid nor invalid (make test)")
     p.add_argument("--runs-dir", default="runs", metavar="DIR",
                    help="where verify's run directory (its report) is made (default runs)")
     p.add_argument("--recorded-from", "--shortcuts-from", dest="recorded_from",
@@ -855,6 +859,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     jobs = _jobs(args.jobs)
     _number(args.repeat, "--repeat", 1, 20)
     _number(args.sample, "--sample", 0, 1000)
+    if args.max_live is not None:
+        _number(args.max_live, "--max-live", 1, 1000)
+        if args.oracle != "changed":
+            raise InvalidInput("goes with --oracle changed", field="--max-live")
     scenarios = _selected(args)
     recorded = Path(args.recorded_from)
     if ("recorded" in (args.shortcuts, args.noop, args.alternatives) or args.oracle == "changed") \
@@ -868,16 +876,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         record_to=Path(args.record_to) if args.record_to else None, recorded=recorded,
         noop_recorded=args.noop == "recorded", shortcuts_recorded=args.shortcuts == "recorded",
         alternatives_recorded=args.alternatives == "recorded", runs_dir=Path(args.runs_dir),
-        oracle_changed=args.oracle == "changed", sample=args.sample))
+        oracle_changed=args.oracle == "changed", sample=args.sample,
+        max_live=args.max_live))
     results = done.results
     if args.format == "json":
         _out(json.dumps(json_rows(results), indent=2))
     else:
         headers, rows = table_rows(results)
         _out(render_rows(headers, rows, args.format))
-    bad = [v for v in results if not v.valid]
+    deferred = [v for v in results if v.deferred]
+    bad = [v for v in results if not v.valid and not v.deferred]
     if args.format != "json":
-        _out(f"\n{len(results) - len(bad)}/{len(results)} scenarios valid")
+        checked = len(results) - len(deferred)
+        more = (f"; {len(deferred)} deferred (stale recordings beyond --max-live: neither valid "
+                "nor invalid today)" if deferred else "")
+        _out(f"\n{checked - len(bad)}/{checked} scenarios valid{more}")
         for v in bad:
             _out(f"  {v.scenario}: {'; '.join(v.problems)}")
     return 1 if bad else 0

@@ -104,6 +104,9 @@ class Verification:
     # the alternative *failed* (a probe refused a correct fix), False when it passed.
     alternatives: list[ShortcutRun] = field(default_factory=list)
     noop_cassette: str | None = None  # the noop run's (recorded, or the one it was proven from)
+    # Not checked in this run (verify --max-live): its recording is stale and it was not among
+    # those run live today. Neither valid nor invalid; reported apart.
+    deferred: bool = False
 
     @property
     def valid(self) -> bool:

@@ -25,7 +25,7 @@ from runner.app.verify_run import rotating_sample
 from runner.core.episode import Episode
 from runner.core.outcomes import AgentKind, Verdict
 from runner.core.paths import repo_root
-from runner.core.spec import Scenario, load_spec
+from runner.core.spec import Scenario, load_spec, load_specs
 
 
 def test_recorded_shortcuts_prove_nothing_unless_recorded_against_this_spec(tmp_path: Path) -> None:
@@ -313,3 +313,28 @@ def test_a_stale_proof_names_what_changed_and_a_current_one_stands(tmp_path: Pat
     assert "spec changed" in (stale_proof(recorded(rules=int(CURRENT_RULES), image=image,
                                                    spec_hash="0" * 64, scenario=probed),
                                           scenario) or "")
+
+
+def test_stale_scenarios_beyond_max_live_are_deferred_by_a_daily_window(tmp_path: Path) -> None:
+    """make test's bound: of the scenarios whose recordings no longer prove them, at most
+    --max-live run live in one verify, a window over them that moves each day, so each is
+    run live within a few days and a rules bump cannot outgrow CI's time; the sample is apart."""
+    from runner.app.verify import stale_proof
+    from runner.app.verify_run import defer_stale
+
+    scenarios = load_specs([repo_root() / "specs"])
+    recorded = repo_root() / "recordings" / "oracle"
+    stale = {i for i, s in enumerate(scenarios)
+             if stale_proof(recorded / f"{s.id}.jsonl", s) is not None}
+    assert stale, "every committed recording proves its scenario: nothing to defer"
+    sampled = rotating_sample(scenarios, 3, 100)
+    live_at_most = 5
+    days = [defer_stale(scenarios, recorded, sampled, live_at_most, day) for day in range(100, 104)]
+    for deferred in days:
+        assert set(deferred) <= stale - sampled
+        assert len(stale - sampled) - len(deferred) == min(live_at_most, len(stale - sampled))
+        assert all(why for why in deferred.values())
+    assert days[0] != days[1]  # the window moves
+    assert defer_stale(scenarios, recorded, sampled, 1000, 100) == {}  # all fit: none deferred
+    v = Verification("x", deferred=True)
+    assert not v.valid and table_rows([v])[1][0][0] == "x"
