@@ -208,6 +208,6 @@ def test_list_shows_label_tier_and_the_default_bench(cli: Cli) -> None:
     for s in SUITE:
         assert rows[s.id]["difficulty"] == s.difficulty
         assert rows[s.id]["tier"] == FACTS[s.id].tier.value
-        assert rows[s.id]["default"] == ("yes" if s.id in default else "-")
+        assert rows[s.id]["default"] is (s.id in default)  # typed JSON: a boolean
     # The label and the measurement disagree on many scenarios: both are shown.
     assert any(rows[i]["difficulty"] != rows[i]["tier"] for i in rows)
