@@ -115,6 +115,36 @@ def image() -> BuiltImage:
     return ensure_image("debian-12-nginx")
 
 
+# --- scenarios for tests that are not about lasting fixes ---------------------------------------
+
+# Under judging rules 3 every passing episode is re-checked after a reboot of its guest, about a
+# minute of TCG each. A test of scheduling, executors, signals or an agent API re-proves nothing
+# by it (the re-check has its own tests: tests/vm/test_lasting.py, the whole-suite verify), and
+# those reboots were a third of make test's time: such a test runs copies of the bundled specs
+# that opt out, with the reason the spec format asks for.
+NOT_ABOUT_LASTING = ("a test of {what}, not of lasting fixes: the reboot re-check has tests of "
+                     "its own (tests/vm/test_lasting.py), here it only made each passing episode "
+                     "a minute longer")
+
+
+def quick_specs(folder: Path, ids: Sequence[str], what: str) -> Path:
+    """``folder`` holding a copy of each bundled spec in ``ids`` that opts out of the reboot
+    re-check (``lasting: {reboot: false, why: ...}``; a spec's own ``reboot: true`` goes), for a
+    test of ``what``; the rest of each spec, its probes, fault and oracle, is the bundled one's."""
+    import yaml
+
+    from runner.core.paths import repo_root
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for scenario_id in ids:
+        text = (repo_root() / "specs" / f"{scenario_id}.yaml").read_text(encoding="utf-8")
+        text = "".join(ln for ln in text.splitlines(keepends=True) if ln.rstrip() != "reboot: true")
+        opt_out = {"lasting": {"reboot": False, "why": NOT_ABOUT_LASTING.format(what=what)}}
+        (folder / f"{scenario_id}.yaml").write_text(
+            text.rstrip("\n") + "\n" + yaml.safe_dump(opt_out, width=1000), encoding="utf-8")
+    return folder
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 CLI_TIMEOUT = 120.0  # seconds a command of a test may take before it fails the test

@@ -14,7 +14,9 @@ pytestmark = pytest.mark.vm
 
 @pytest.mark.long(minutes=2)
 def test_perf_json_counts_every_round_trip_of_every_sandbox(cli: Cli) -> None:
-    r = cli("-q", "perf", "--format", "json", "--no-model", "--no-verify", timeout=1800)
+    # --no-scale: its two oracle benches (eight episodes, each with its reboot re-check) were
+    # a quarter of an hour; --jobs 2's behaviour is tested in test_scale.py.
+    r = cli("-q", "perf", "--format", "json", "--no-model", "--no-verify", "--no-scale", timeout=1800)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)  # one JSON document
     # Three restored sandboxes, twenty commands each: the median is over all sixty
@@ -22,10 +24,8 @@ def test_perf_json_counts_every_round_trip_of_every_sandbox(cli: Cli) -> None:
     assert figures["command_rtt_samples"] == 60
     assert figures["command_rtt_ms"] > 0 and figures["restore_ready_s"] > 0
     assert figures["replay_cassettes"] >= 35
-    # The scale figures: the same four oracle episodes pass at --jobs 1 and --jobs 2, and a
-    # restored QEMU's private memory is a part of its resident memory.
-    assert figures["jobs1_passes"] == figures["jobs2_passes"] == figures["scale_episodes"] == 4
-    assert figures["jobs2_speedup"] == round(figures["jobs1_wall_s"] / figures["jobs2_wall_s"], 2)
+    assert "jobs2_speedup" not in figures  # --no-scale
+    # A restored QEMU's private memory is a part of its resident memory.
     assert 0 < figures["qemu_private_mib"] <= figures["vm_rss_mib"]
     assert 0 < figures["qemu_private_cold_mib"] <= figures["qemu_rss_cold_mib"]
     # The ratios the targets are set on come from figures of the same run.

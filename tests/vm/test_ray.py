@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from conftest import Cli, cli_argv, run_cli_process
+from conftest import Cli, cli_argv, quick_specs, run_cli_process
 
 from runner.app.executors import CANCEL_GRACE
 from runner.app.ray_executor import KEEP_LOOPBACK
@@ -42,6 +42,7 @@ from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
 PUBLISHED = ["rogue-port-80", "permission-403", "nginx-config-syntax"]
+WHAT = "the Ray executor"  # the specs' copies opt out of the reboot re-check (conftest.quick_specs)
 HEAD = """
 import sys, ray
 ctx = ray.init(num_cpus=1, resources={"vm": 2}, _node_ip_address="127.0.0.1",
@@ -141,7 +142,8 @@ def ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clu
 
 def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
         cli: Cli, ray_cluster: Cluster, tmp_path: Path) -> None:
-    bench = ("bench", "--agent", "oracle", "--format", "json", "--only", *PUBLISHED)
+    specs = quick_specs(tmp_path / "specs", PUBLISHED, WHAT)
+    bench = ("bench", str(specs), "--agent", "oracle", "--format", "json", "--only", *PUBLISHED)
     local = cli(*bench, "--runs-dir", str(tmp_path / "local"), timeout=1800)
     assert local.returncode == 0, local.stderr[-2000:]
     # A process: a Ray driver (ray.init) is connected to the cluster for as long as it lives.
@@ -170,8 +172,9 @@ def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
 def test_a_ray_worker_killed_mid_episode_is_infra_error_and_the_bench_goes_on(
         ray_cluster: Cluster, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
+    specs = quick_specs(tmp_path / "specs", ["rogue-port-80", "permission-403"], WHAT)
     # A process: a Ray driver, and the test kills a worker while the bench runs.
-    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--executor", "ray",
+    proc = subprocess.Popen(cli_argv("bench", str(specs), "--agent", "oracle", "--executor", "ray",
                                      "--ray-address", ray_cluster.address, "--jobs", "1",
                                      "--runs-dir", str(runs), "--format", "json",
                                      "--only", "rogue-port-80", "permission-403"),
@@ -239,7 +242,8 @@ def test_sigterm_mid_episode_on_ray_ends_the_bench_and_tears_its_vm_down(
 def test_a_named_model_is_served_on_its_node_by_a_llama_server_bound_to_loopback(
         ray_cluster: Cluster, tmp_path: Path) -> None:
     # A process: a Ray driver (ray.init) is connected to the cluster for as long as it lives.
-    r = run_cli_process("bench", "--executor", "ray", "--ray-address", ray_cluster.address,
+    specs = quick_specs(tmp_path / "specs", ["nginx-stopped"], WHAT)
+    r = run_cli_process("bench", str(specs), "--executor", "ray", "--ray-address", ray_cluster.address,
                         "--model", "qwen2.5-coder-0.5b", "--protocol", "json", "--max-tokens",
                         "96", "--only", "nginx-stopped", "--runs-dir", str(tmp_path / "runs"),
                         "--format", "json", timeout=1800)

@@ -25,6 +25,7 @@ from conftest import (
     first_finished_episode,
     qemu_children,
     qemu_pids,
+    quick_specs,
     snapshot_hashes,
 )
 from tabulate import tabulate
@@ -190,7 +191,9 @@ def test_redefined_tools_cannot_fake_success(transport: str) -> None:
 def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # A process: SIGTERM is sent to it, and its exit status is 143.
-    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--runs-dir", str(tmp_path),
+    ids = ["masked-unit", "rogue-port-80", "permission-403"]
+    specs = quick_specs(tmp_path.parent / f"{tmp_path.name}-specs", ids, "SIGTERM during a bench")
+    proc = subprocess.Popen(cli_argv("bench", str(specs), "--agent", "oracle", "--runs-dir", str(tmp_path),
                                      "--format", "plain", "--only", "masked-unit",
                                      "rogue-port-80", "permission-403"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -240,7 +243,9 @@ def test_disk_full_in_the_run_directory(cli: Cli, tmp_path: Path) -> None:
                       capture_output=True).returncode != 0:
         pytest.fail("needs root (or sudo -n) to mount a small tmpfs for the disk-full case")
     try:
-        r = cli("bench", "--agent", "oracle", "--runs-dir", str(mnt), "--only", "masked-unit",
+        specs = quick_specs(tmp_path / "specs", ["masked-unit", "rogue-port-80", "permission-403",
+                                                 "nginx-config-syntax"], "a full run directory")
+        r = cli("bench", str(specs), "--agent", "oracle", "--runs-dir", str(mnt), "--only", "masked-unit",
                 "rogue-port-80", "permission-403", "nginx-config-syntax", timeout=900)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-800:]
         assert "disk is full" in r.stderr

@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Cli, CliResult, cli_argv, first_finished_episode, run_cli
+from conftest import Cli, CliResult, cli_argv, first_finished_episode, quick_specs, run_cli
 
 from runner.core.paths import repo_root
 
 pytestmark = pytest.mark.vm
-# Quick scenarios: none waits out a re-check pause or reboots the guest (those are tested in
-# test_lasting.py; here they only made the two benches four minutes longer).
+# Quick scenarios: none waits out a re-check pause, and their copies (quick_specs) opt out of the
+# reboot re-check (tested in test_lasting.py; here it made the benches minutes longer).
 FOUR = ["permission-403", "nginx-stopped", "site-config-renamed", "hosts-name-typo"]
+WHAT = "scale on one host (--jobs, Ctrl-C, a matrix)"
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -32,7 +33,8 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def _bench(tmp_path: Path, name: str, *args: str) -> tuple[CliResult, Path]:
     runs = tmp_path / name
-    r = run_cli("bench", "--agent", "oracle", "--runs-dir", str(runs), "--format", "json", *args,
+    specs = quick_specs(tmp_path / "specs", [*FOUR, "rogue-port-80", "nginx-config-syntax"], WHAT)
+    r = run_cli("bench", str(specs), "--agent", "oracle", "--runs-dir", str(runs), "--format", "json", *args,
                 env=_env(tmp_path / f"{name}-tmp"), timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     [run_dir] = runs.iterdir()
@@ -66,7 +68,8 @@ def test_ctrl_c_during_a_jobs_2_bench_tears_down_and_keeps_the_finished(tmp_path
     tmp = tmp_path / "tmp"
     runs = tmp_path / "runs"
     # A process: Ctrl-C goes to its whole process group and its exit status is 130.
-    proc = subprocess.Popen(cli_argv("bench", "--agent", "oracle", "--jobs", "2", "--runs-dir",
+    specs = quick_specs(tmp_path / "specs", [*FOUR, "rogue-port-80", "nginx-config-syntax"], WHAT)
+    proc = subprocess.Popen(cli_argv("bench", str(specs), "--agent", "oracle", "--jobs", "2", "--runs-dir",
                                      str(runs), "--format", "plain", "--only", *FOUR,
                                      "rogue-port-80", "nginx-config-syntax"),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -107,7 +110,7 @@ def test_a_matrix_of_two_protocols_is_one_run_directory_whose_report_shows_both(
     rep = cli("replay", "--offline", str(run_dir / "cassettes"), timeout=300)
     assert rep.returncode == 0 and "4/4 replayed verdicts equal" in rep.stdout, rep.stdout
     # --resume of the matrix finds every arm's episodes done and runs nothing
-    again = cli("bench", "--agent", "oracle", "--protocol", "json", "--protocol", "text",
+    again = cli("bench", str(tmp_path / "specs"), "--agent", "oracle", "--protocol", "json", "--protocol", "text",
                 "--only", *ids, "--resume", str(run_dir), env=_env(tmp_path / "resume-tmp"),
                 timeout=300)
     assert again.returncode == 0 and "1/4" not in again.stderr, again.stderr[-1500:]
