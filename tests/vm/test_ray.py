@@ -159,7 +159,7 @@ def test_ray_runs_the_published_scenarios_as_the_local_executor_does(
     assert data["run"]["jobs"] == 2
     for e in data["episodes"]:  # each cassette came back from its worker into the run directory
         assert Path(e["cassette"]).parent == run_dir / "cassettes" and Path(e["cassette"]).is_file()
-    rep = cli("replay", "--offline", str(run_dir / "cassettes"), timeout=300)
+    rep = cli("replay", "--offline", str(run_dir / "cassettes"), "--specs", str(specs), timeout=300)
     assert rep.returncode == 0 and "3/3 replayed verdicts equal" in rep.stdout, rep.stdout
     # the workers left no VM running and no socket directory behind
     assert not subprocess.run(["pgrep", "-f", str(ray_cluster.tmp)], capture_output=True,

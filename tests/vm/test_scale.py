@@ -107,7 +107,8 @@ def test_a_matrix_of_two_protocols_is_one_run_directory_whose_report_shows_both(
     page = (run_dir / "report.html").read_text()
     assert f"{run_dir.name} · oracle-json" in page and f"{run_dir.name} · oracle-text" in page
     # the cassettes replay offline, each in its own protocol
-    rep = cli("replay", "--offline", str(run_dir / "cassettes"), timeout=300)
+    rep = cli("replay", "--offline", str(run_dir / "cassettes"), "--specs", str(tmp_path / "specs"),
+              timeout=300)
     assert rep.returncode == 0 and "4/4 replayed verdicts equal" in rep.stdout, rep.stdout
     # --resume of the matrix finds every arm's episodes done and runs nothing
     again = cli("bench", str(tmp_path / "specs"), "--agent", "oracle", "--protocol", "json", "--protocol", "text",
