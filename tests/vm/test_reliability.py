@@ -192,10 +192,10 @@ def test_sigterm_during_bench_tears_down_and_keeps_results(tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     # A process: SIGTERM is sent to it, and its exit status is 143.
     ids = ["masked-unit", "rogue-port-80", "permission-403"]
-    specs = quick_specs(tmp_path.parent / f"{tmp_path.name}-specs", ids, "SIGTERM during a bench")
+    # the copies beside the run folders: the wait below reads only */results.json
+    specs = quick_specs(tmp_path / "specs", ids, "SIGTERM during a bench")
     proc = subprocess.Popen(cli_argv("bench", str(specs), "--agent", "oracle", "--runs-dir", str(tmp_path),
-                                     "--format", "plain", "--only", "masked-unit",
-                                     "rogue-port-80", "permission-403"),
+                                     "--format", "plain", "--only", *ids),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Generous: make test runs this beside the whole-suite verify (three VMs of its own on

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.vm
 # reboot re-check (tested in test_lasting.py; here it made the benches minutes longer).
 FOUR = ["permission-403", "nginx-stopped", "site-config-renamed", "hosts-name-typo"]
 WHAT = "scale on one host (--jobs, Ctrl-C, a matrix)"
+SIX = [*FOUR, "rogue-port-80", "nginx-config-syntax"]  # every scenario a bench here runs
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -33,7 +34,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def _bench(tmp_path: Path, name: str, *args: str) -> tuple[CliResult, Path]:
     runs = tmp_path / name
-    specs = quick_specs(tmp_path / "specs", [*FOUR, "rogue-port-80", "nginx-config-syntax"], WHAT)
+    specs = quick_specs(tmp_path / "specs", SIX, WHAT)
     r = run_cli("bench", str(specs), "--agent", "oracle", "--runs-dir", str(runs), "--format", "json", *args,
                 env=_env(tmp_path / f"{name}-tmp"), timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -68,10 +69,9 @@ def test_ctrl_c_during_a_jobs_2_bench_tears_down_and_keeps_the_finished(tmp_path
     tmp = tmp_path / "tmp"
     runs = tmp_path / "runs"
     # A process: Ctrl-C goes to its whole process group and its exit status is 130.
-    specs = quick_specs(tmp_path / "specs", [*FOUR, "rogue-port-80", "nginx-config-syntax"], WHAT)
+    specs = quick_specs(tmp_path / "specs", SIX, WHAT)
     proc = subprocess.Popen(cli_argv("bench", str(specs), "--agent", "oracle", "--jobs", "2", "--runs-dir",
-                                     str(runs), "--format", "plain", "--only", *FOUR,
-                                     "rogue-port-80", "nginx-config-syntax"),
+                                     str(runs), "--format", "plain", "--only", *SIX),
                             cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **_env(tmp)}, start_new_session=True)
     results = first_finished_episode(runs, proc, time.monotonic() + 600)
