@@ -57,7 +57,7 @@ from runner.core.model import commands_digest, noop, oracle, scripted
 from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
 from runner.core.protocol import get_protocol
 from runner.core.rules import CURRENT_RULES
-from runner.core.spec import PROSE_KEYS, Scenario, scenario_to_dict
+from runner.core.spec import PROSE_KEYS, Scenario, scenario_to_dict, scenario_view
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.verify")
@@ -321,7 +321,7 @@ def _same_judging(cassette: Cassette, scenario: Scenario,
     head = cassette.head
     if head.spec_hash == scenario.spec_hash:
         return True
-    if _judged_view(head.scenario) != _judged_view(scenario_to_dict(scenario)):
+    if scenario_view(head.scenario, PROSE_KEYS) != scenario_view(scenario_to_dict(scenario), PROSE_KEYS):
         return False
     if commands is None:
         return True
@@ -329,12 +329,6 @@ def _same_judging(cassette: Cassette, scenario: Scenario,
     if isinstance(recorded, str):
         return recorded == commands_digest(commands)
     return _commands_run(cassette) == list(commands)
-
-
-def _judged_view(header_scenario: Mapping[str, Any]) -> str:
-    """A header's scenario as JSON, less what judges no scripted run and what names the file."""
-    skip = PROSE_KEYS | {"path", "spec_hash", "judged_hash"}
-    return json.dumps({k: v for k, v in header_scenario.items() if k not in skip}, sort_keys=True)
 
 
 def _commands_run(cassette: Cassette) -> list[str]:

@@ -32,7 +32,14 @@ from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
 from runner.core.machines import Machines
 from runner.core.model import ChatRequest, Model, ModelReply
 from runner.core.paths import contained, default_spec_dirs
-from runner.core.spec import Scenario, read_text, spec_files
+from runner.core.spec import (
+    Scenario,
+    read_text,
+    scenario_from_text,
+    scenario_to_dict,
+    scenario_view,
+    spec_files,
+)
 from runner.core.yamlfile import parse_yaml
 
 
@@ -406,7 +413,10 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
     is never opened (it could name any host file). A spec that cannot be found
     cannot show the recording is current, so the replay cannot be "same"; the
     reason says so. A cassette whose header records no ``spec_hash`` was not
-    made from a spec file, and has nothing to compare.
+    made from a spec file, and has nothing to compare. A spec whose text
+    changed only where no run reads it (a shortcut or an alternative added,
+    a comment) still proves the recording: the run's header holds the whole
+    scenario it ran, and today's spec must record the very same one.
     """
     recorded = cassette.head.spec_hash  # format 1 without one: the scenario's, as read_header says
     if not recorded:
@@ -420,6 +430,27 @@ def spec_change(cassette: Cassette, specs_dirs: Iterable[Path] | None = None) ->
         return (f"cannot prove the replay the same: no spec with id {scenario_id!r} in {where} "
                 "to check the recording against (give its folder with --specs)")
     spec, now = found
-    if now != recorded:
+    if now != recorded and _run_view(spec, now) != scenario_view(cassette.head.scenario):
         return f"{spec} changed since the recording (sha256 {recorded[:12]} -> {now[:12]})"
     return None
+
+
+# (a spec file's path, the sha256 of its text) -> the scenario view a run of it records (None
+# when it does not load): asked only of a spec whose text differs from the recording's, once.
+_RUN_VIEWS: dict[tuple[str, str], str | None] = {}
+
+
+def _run_view(path: Path, digest: str) -> str | None:
+    """:func:`~runner.core.spec.scenario_view` of the spec at ``path`` as a run of it today would
+    record it, or None if it does not load. Equal to a recording's view, the spec changed only
+    in what no run reads (shortcuts, alternatives, comments, layout), and the recording stands."""
+    key = (str(path), digest)
+    if key not in _RUN_VIEWS:
+        try:
+            view: str | None = scenario_view(scenario_to_dict(scenario_from_text(read_text(path), str(path))))
+        except InvalidInput:
+            view = None
+        if len(_RUN_VIEWS) >= _SPEC_IDS_MAX:
+            _RUN_VIEWS.clear()
+        _RUN_VIEWS[key] = view
+    return _RUN_VIEWS[key]

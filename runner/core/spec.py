@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -672,6 +672,26 @@ def load_specs(paths: Iterable[str | Path]) -> list[Scenario]:
 
 
 # --- scenarios in cassette headers -----------------------------------------------------------
+
+# What names a spec's file rather than what it asks of a run: left out when the scenario a
+# cassette's header recorded is compared with today's.
+FILE_KEYS = frozenset({"path", "spec_hash", "judged_hash"})
+
+
+def scenario_view(header_scenario: Mapping[str, Any], leave_out: frozenset[str] = frozenset()) -> str:
+    """A scenario as a cassette header records it (:func:`scenario_to_dict`), as canonical JSON
+    without :data:`FILE_KEYS` and ``leave_out``.
+
+    Two recorded scenarios with the same view ask the same of a run: a run
+    replays from its header's scenario alone, so a spec whose text changed
+    only in what no header holds (its shortcuts, its alternatives, comments,
+    layout) still proves a recording of it. ``leave_out=PROSE_KEYS`` is the
+    view of a scripted run, which never reads the task or the hints.
+    """
+    skip = FILE_KEYS | leave_out
+    return json.dumps({k: v for k, v in header_scenario.items() if k not in skip}, sort_keys=True,
+                      ensure_ascii=False, default=str)
+
 
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     """The scenario as plain JSON, for a cassette header (replay needs no spec file).

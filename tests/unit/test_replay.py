@@ -201,7 +201,15 @@ def test_an_edited_spec_is_spec_changed_unless_allowed(
     code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     assert code == 0 and _row(out, cassette)[5] == "same"
 
-    spec.write_text(spec.read_text() + "# an edit\n")
+    # What no run reads (a comment, an alternative fix added) leaves the recording standing:
+    # the header holds the whole scenario the run was judged by, and today's is the same.
+    spec.write_text(spec.read_text() + "# an edit\nalternatives:\n  - name: another fix\n"
+                    "    why: a fix an admin may choose\n    commands: [systemctl disable --now report-gen]\n")
+    code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
+    assert code == 0 and _row(out, cassette)[5] == "same", out
+
+    # What the run read (the task the agent was given) is a change.
+    spec.write_text(spec.read_text().replace("since yesterday's deploy", "since the deploy"))
     code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[3:6] == ["spec-changed", "NO", "spec-changed"], row
@@ -273,7 +281,10 @@ def test_a_spec_is_found_by_id_when_the_recorded_path_is_elsewhere(tmp_path: Pat
     assert spec_change(cas) is None
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "renamed.yaml").write_text((ROOT / "specs" / "cpu-hog.yaml").read_text() + "# edit\n")
+    text = (ROOT / "specs" / "cpu-hog.yaml").read_text()
+    (specs / "renamed.yaml").write_text(text + "# edit\n")
+    assert spec_change(cas, [specs]) is None  # a comment: nothing a run reads
+    (specs / "renamed.yaml").write_text(text.replace("forbidden:", "forbidden:\n  - 'reboot'", 1))
     assert "renamed.yaml changed since the recording" in (spec_change(cas, [specs]) or "")
     (specs / "renamed.yaml").unlink()
     assert "no spec with id 'cpu-hog'" in (spec_change(cas, [specs]) or "")
