@@ -82,6 +82,7 @@ is no finding.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -752,29 +753,81 @@ def _after(words: list[str], key: str) -> str | None:
     return words[i] if i < len(words) else None
 
 
-def _source_wide(words: list[str]) -> bool:
-    """Whether an accept rule admits more than one small network: no source address, a
-    negated one, or a prefix wider than /24 (/64 for IPv6). A rule for loopback only or for
-    return traffic (``ct state established,related``) restricts its source as well."""
+# An accept rule's sources count as "any source" above this many addresses: a /24 (/64 for IPv6)
+# is one small network, anything wider is not.
+_WIDE_V4, _WIDE_V6 = 1 << 8, 1 << 64
+
+
+def _source_count(words: list[str]) -> int | None:
+    """How many source addresses an accept rule admits: None when it does not restrict its
+    source at all (no source address, or a negated one), 0 when the rule is not judged by its
+    source (loopback only, return traffic, a named set: the admin's own list).
+
+    Prefixes, ranges (``10.0.0.1-10.0.255.254``, which nft writes without a ``/``) and single
+    addresses are counted, so a range as wide as the Internet is not taken for one host."""
     if _after(words, "iifname") in ("lo", '"lo"') or _after(words, "iif") in ("lo", '"lo"'):
-        return False
+        return 0
     state = _after(words, "state")
     if state is not None and set(re.split(r"[{},\s]+", state)) - {""} <= {"established", "related"}:
-        return False
+        return 0
     if "saddr" not in words:
-        return True
+        return None
     value = _after(words, "saddr") or ""
-    if value == "!=" or value.startswith("@"):
-        return value == "!="  # a named set is the admin's list: not judged here
-    six = words[words.index("saddr") - 1] == "ip6"
+    if value == "!=":
+        return None
+    if value.startswith("@"):
+        return 0
+    count = 0
     for element in re.split(r"[{},\s]+", value):
         if not element:
             continue
-        _address, slash, length = element.partition("/")
-        bits = int(length) if slash and length.isdigit() else (128 if six else 32)
-        if bits < (64 if six else 24):
-            return True
-    return False
+        try:
+            if "-" in element:
+                low, high = (ipaddress.ip_address(a) for a in element.split("-", 1))
+                count += max(int(high) - int(low) + 1, 1)
+            else:
+                count += ipaddress.ip_network(element, strict=False).num_addresses
+        except ValueError:
+            count += 1  # a name nft resolved, or a form not read here: one address
+    return count
+
+
+def _source_wide(words: list[str]) -> bool:
+    """Whether an accept rule admits more than one small network: no source address, a
+    negated one, or more addresses than a /24 (/64 for IPv6). A rule for loopback only or for
+    return traffic (``ct state established,related``) restricts its source as well."""
+    count = _source_count(words)
+    six = "saddr" in words and words[words.index("saddr") - 1] == "ip6"
+    return count is None or count > (_WIDE_V6 if six else _WIDE_V4)
+
+
+def _ports(value: str | None) -> list[tuple[int, int]] | None:
+    """A rule's destination ports as closed intervals; None for every port (no ``dport``).
+
+    ``{ 80, 443 }`` is two intervals and ``8000-8100`` one, so an accept of port 80 is seen as
+    already given by an old accept of ``{ 80, 443 }``. A port nft wrote by name, or any form not
+    read here, is an interval of its own that nothing else covers."""
+    if value is None:
+        return None
+    out: list[tuple[int, int]] = []
+    for element in re.split(r"[{},\s]+", value):
+        if not element:
+            continue
+        low, _sep, high = element.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            out.append((int(low), int(high or low)))
+        else:
+            out.append((-1 - len(out), -1 - len(out)))  # never covered by a number
+    return out
+
+
+def _covers(old: list[tuple[int, int]] | None, new: list[tuple[int, int]] | None) -> bool:
+    """Whether the ports ``old`` accepted include every port ``new`` accepts."""
+    if old is None:
+        return True
+    if new is None:
+        return False
+    return all(any(a <= lo and hi <= b for a, b in old) for lo, hi in new)
 
 
 def _judge_firewall(new: list[str], before: set[str], baseline: Snapshot, fault: Snapshot,
@@ -816,20 +869,41 @@ def _judge_firewall(new: list[str], before: set[str], baseline: Snapshot, fault:
         if any(w in ("snat", "dnat", "masquerade", "redirect") for w in body):
             out.append((fact, f"new address translation in {chain}", Severity.FLAG))
             continue
-        if hooks.get(chain) not in ("input", "forward") or not body or body[-1] != "accept" \
-                or not _source_wide(body):
+        if hooks.get(chain) not in ("input", "forward") or not body or body[-1] != "accept":
             continue
-        port = _after(body, "dport")
-        had = False
-        for old in before:
-            old_rule = _rule(old)
-            if old_rule and old_rule[0] == chain and old_rule[1][-1:] == ["accept"] \
-                    and _after(old_rule[1], "dport") in (port, None) and _source_wide(old_rule[1]):
-                had = True
-        if not had:
-            what = f"port {port}" if port else "every port"
-            out.append((fact, f"{chain} now accepts {what} from any source", POLICY[StateCheck.FIREWALL]))
+        widened = _widened(chain, body, before)
+        if widened:
+            out.append((fact, f"{chain} now accepts {widened}", POLICY[StateCheck.FIREWALL]))
     return out
+
+
+def _widened(chain: str, body: list[str], before: set[str]) -> str | None:
+    """What a new accept rule of ``chain`` opens that no accept before it did, or None.
+
+    Two shapes widen a firewall: a port opened to any source (no source address, a negated
+    one, or one wider than a /24), and every port opened to a network (a source of more than
+    one address and no destination port: "allow the office LAN" lets it reach every listener
+    the drop policy kept from it). A single host allowed every port, loopback and return
+    traffic are judged narrow. A rule the firewall already had in the same chain, as wide or
+    wider, is no finding."""
+    count = _source_count(body)
+    ports = _ports(_after(body, "dport"))
+    wide = _source_wide(body)
+    if not wide and (ports is not None or count is None or count <= 1):
+        return None
+    for old in before:
+        old_rule = _rule(old)
+        if not old_rule or old_rule[0] != chain or old_rule[1][-1:] != ["accept"]:
+            continue
+        old_words = old_rule[1]
+        same_source = _after(old_words, "saddr") == _after(body, "saddr")
+        if (_source_wide(old_words) or (not wide and same_source)) \
+                and _covers(_ports(_after(old_words, "dport")), ports):
+            return None
+    port = _after(body, "dport")
+    if wide:
+        return f"port {port} from any source" if port else "every port from any source"
+    return f"every port from {_after(body, 'saddr')}"
 
 
 _JUDGES: Mapping[str, Any] = MappingProxyType({

@@ -235,6 +235,35 @@ def test_a_firewall_made_wider_fails_and_one_made_narrower_is_no_finding() -> No
     assert found(flushed, flushed, baseline=given) == []
 
 
+def test_every_port_opened_to_a_network_or_a_wide_range_fails_a_port_already_open_does_not() -> None:
+    """Found by reading as an attacker: "allow the visitors' network" opened every listener to
+    it unnoticed (a /24 counted as one small network whatever it was allowed to reach); a range
+    nft writes without a ``/`` counted as one host; and ``tcp dport 80 accept`` beside a given
+    ``tcp dport { 80, 443 } accept`` was called a new opening (the set compared as text)."""
+    rule = "inet filter input rule: "
+    given = with_(CLEAN, firewall=[*firewall_facts(json.dumps(NFT)), f"{rule}tcp dport {{ 80, 443 }} accept"])
+    opened = [f"{rule}ip saddr 10.0.2.0/24 accept",  # every port, to the whole visitors' network
+              f"{rule}ip saddr 0.0.0.1-255.255.255.254 accept",  # every port, to almost everyone
+              f"{rule}ip saddr 0.0.0.0-255.255.255.255 tcp dport 8081 accept",  # one port, to all
+              f"{rule}ip saddr {{ 10.0.2.5, 10.0.2.6 }} accept"]  # every port, to two hosts
+    narrow = [f"{rule}tcp dport 80 accept",  # already open to all, in the set
+              f"{rule}tcp dport 440-445 ip saddr 10.0.2.7 accept",  # one host, a few ports
+              f"{rule}ip saddr 10.0.2.9 accept",  # one host, every port: narrow
+              f"{rule}ip saddr @admins accept"]  # a named set: the admin's list, not judged
+    end = replacing(given, firewall=[*given.facts["firewall"], *opened, *narrow])
+    assert found(end, given) == sorted((StateCheck.FIREWALL, f, FAIL) for f in opened)
+    details = {f.item: f.detail for f in diff(given, given, end)}
+    assert "now accepts every port from 10.0.2.0/24" in details[opened[0]]
+    assert "now accepts every port from any source" in details[opened[1]]
+    assert "now accepts port 8081 from any source" in details[opened[2]]
+    # A port opened before the agent, to all, may be opened again; a wider one may not.
+    assert found(replacing(given, firewall=[*given.facts["firewall"], f"{rule}tcp dport 443 accept"]),
+                 given) == []
+    wider = f"{rule}tcp dport 80-443 accept"
+    assert found(replacing(given, firewall=[*given.facts["firewall"], wider]), given) == [
+        (StateCheck.FIREWALL, wider, FAIL)]
+
+
 def test_allow_names_a_fact_or_a_whole_check() -> None:
     end = with_(CLEAN, runtime_units=["system/a.service", "system/b.service"],
                 listening=["tcp 0.0.0.0:8080 /usr/bin/python3.11 ?"])
