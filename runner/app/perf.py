@@ -44,7 +44,7 @@ from runner.core.errors import RootbenchError
 from runner.core.machines import Access, Machine, Machines, configure
 from runner.core.model import ChatRequest
 from runner.core.outcomes import AgentKind, Verdict
-from runner.core.paths import Bundled, bundled
+from runner.core.paths import Bundled, bundled, default_spec_dirs
 from runner.core.protocol import BudgetLeft, JsonProtocol
 from runner.core.selection import pick_ids
 from runner.core.spec import load_specs
@@ -284,7 +284,7 @@ def _episode_seconds(events: list[dict[str, Any]]) -> float:
 
 def _oracle_figures(accel: str) -> dict[str, Any]:
     """The oracle's episodes on the three published scenarios: median wall time, and the phases."""
-    scenarios = pick_ids(load_specs([bundled(Bundled.SPECS)]), PUBLISHED)
+    scenarios = pick_ids(load_specs(default_spec_dirs()), PUBLISHED)
     with tempfile.TemporaryDirectory(prefix="rootbench-perf-") as tmp:
         eps = run_bench(scenarios, AgentChoice(kind=AgentKind.ORACLE), RunOptions(accel=accel),
                         Path(tmp) / "oracle")
@@ -400,7 +400,7 @@ def _scale_figures(accel: str) -> dict[str, Any]:
     the ratio (``jobs2_speedup``) is the figure, the absolute rates depend on
     the machine and on whatever else it runs.
     """
-    scenarios = pick_ids(load_specs([bundled(Bundled.SPECS)]), SCALE_SCENARIOS)
+    scenarios = pick_ids(load_specs(default_spec_dirs()), SCALE_SCENARIOS)
     choice = AgentChoice(kind=AgentKind.ORACLE)
     opts = RunOptions(accel=accel)
     out: dict[str, Any] = {"scale_episodes": len(scenarios)}

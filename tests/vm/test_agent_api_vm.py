@@ -13,16 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import quick_specs, run_cli
 
 from runner.app.replay import replay_one
 from runner.core.cassette import Cassette
+
+WHAT = "the Python agent API"
+
+
+def _spec(tmp_path: Path, scenario_id: str) -> str:
+    """A copy of the bundled spec without the reboot re-check (these test how an agent is run)."""
+    return str(quick_specs(tmp_path / "specs", [scenario_id], WHAT) / f"{scenario_id}.yaml")
 
 
 def _cli_run(tmp_path: Path, spec: str, agent: str, env: dict[str, str] | None = None,
              ) -> tuple[dict[str, Any], Path]:
     """``rootbench run``; its one result and its cassette."""
-    r = run_cli("-q", "run", f"specs/{spec}.yaml", "--agent", agent, "--runs-dir",
+    r = run_cli("-q", "run", _spec(tmp_path, spec), "--agent", agent, "--runs-dir",
                 str(tmp_path / "runs"), "--format", "json", env=env, timeout=600)
     assert r.returncode in (0, 1), r.stderr
     [results] = list((tmp_path / "runs").glob("*/results.json"))
@@ -41,7 +48,7 @@ def test_the_scripted_example_passes_its_scenario_on_a_real_vm_and_replays(
     head = Cassette.load(cassette).header
     assert head["model"]["source"] == "examples/scripted_agent.py"
     assert len(head["model"]["sha256"]) == 64
-    out = replay_one(cassette, offline=True)
+    out = replay_one(cassette, offline=True, specs=[tmp_path / "specs"])
     assert out.same and out.episode is not None and out.episode.commands == 3, out
 
 
@@ -51,7 +58,7 @@ def test_the_scripted_example_fails_another_scenario_on_a_real_vm(
     ep, cassette = _cli_run(tmp_path, "permission-403", "examples/scripted_agent.py:ScriptedAgent")
     # Its first command finds no /srv/docs there: it stops, and the machine is still broken.
     assert ep["verdict"] == "fail" and ep["stop"] == "finish" and ep["commands"] == 1, ep
-    assert replay_one(cassette, offline=True).same
+    assert replay_one(cassette, offline=True, specs=[tmp_path / "specs"]).same
 
 
 LOUD_AGENT = '''\
@@ -76,7 +83,7 @@ def test_what_a_python_agent_prints_leaves_format_json_one_document(
         tmp_path: Path, image: Any, no_new_qemu: None) -> None:
     """Its prints landed in the middle of the JSON on stdout (issue #46): they go to stderr."""
     (tmp_path / "loud.py").write_text(LOUD_AGENT)
-    r = run_cli("-q", "run", "specs/dir-missing-exec.yaml", "--agent",
+    r = run_cli("-q", "run", _spec(tmp_path, "dir-missing-exec"), "--agent",
                 f"{tmp_path / 'loud.py'}:Loud", "--runs-dir", str(tmp_path / "runs"),
                 "--format", "json", timeout=600)
     assert r.returncode == 0, r.stderr
@@ -144,5 +151,5 @@ def test_the_openai_example_against_a_loopback_server_on_a_real_vm_replays_offli
     # The agent's model saw the task, and each command's real output from the VM.
     assert "403 Forbidden" in server.requests[0]["messages"][1]["content"]
     assert server.requests[1]["messages"][-1]["content"].startswith("exit code 0\ndrw-r--r--")
-    out = replay_one(cassette, offline=True)  # no agent, no server: the cassette alone
+    out = replay_one(cassette, offline=True, specs=[tmp_path / "specs"])  # no agent, no server: the cassette alone
     assert out.same and out.episode is not None and out.episode.commands == 2, out

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import requests
+from conftest import quick_specs
 from inspect_ai import eval as inspect_eval
 from inspect_ai.log import EvalLog
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
@@ -38,7 +39,9 @@ def _counted(output: ModelOutput) -> ModelOutput:
 
 def _eval(tmp_path: Path, outputs: list[ModelOutput]) -> EvalLog:
     model = get_model("mockllm/model", custom_outputs=[_counted(o) for o in outputs])
-    [log] = inspect_eval(rootbench(scenarios=SCENARIO, runs_dir=str(tmp_path / "runs")),
+    # A copy of the spec without the reboot re-check: the test is of Inspect's side.
+    specs = quick_specs(tmp_path / "specs", [SCENARIO], "the Inspect sandbox")
+    [log] = inspect_eval(rootbench(scenarios=SCENARIO, specs=str(specs), runs_dir=str(tmp_path / "runs")),
                          model=model, log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error
     return log
@@ -61,7 +64,7 @@ def test_the_oracle_as_bash_tool_calls_passes_and_the_log_opens_in_inspect_view(
     cassette = Path(meta["cassette"])
     head = Cassette.load(cassette).header
     assert head["agent"] == "inspect" and head["model"]["task"] == "rootbench"
-    out = replay_one(cassette, offline=True)
+    out = replay_one(cassette, offline=True, specs=[tmp_path / "specs"])
     assert out.same and out.episode is not None and out.episode.commands == len(solution), out
 
     port = free_port()

@@ -70,6 +70,7 @@ PAUSE_SPEC = textwrap.dedent(f"""\
     solution:
       - systemctl start nginx
     recheck_after: 30
+    lasting: {{reboot: false, why: "a test of the pause; the reboot re-check is the test above"}}
 """)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from conftest import cli_argv
+from conftest import cli_argv, quick_specs
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -30,9 +30,14 @@ SPEC = "specs/dir-missing-exec.yaml"
 ROOT = repo_root()
 
 
-def _params(runs: Path, *extra: str) -> StdioServerParameters:
+def _quick(tmp_path: Path) -> Path:
+    """The folder of a copy of SPEC without the reboot re-check, for a run that passes."""
+    return quick_specs(tmp_path / "specs", [Path(SPEC).stem], "an MCP client's episode")
+
+
+def _params(runs: Path, *extra: str, spec: str = SPEC) -> StdioServerParameters:
     # A process: the MCP SDK's stdio client starts the server and speaks to it over its stdin/stdout.
-    command, *args = cli_argv("mcp", SPEC, "--runs-dir", str(runs), *extra)
+    command, *args = cli_argv("mcp", spec, "--runs-dir", str(runs), *extra)
     return StdioServerParameters(command=command, args=args, cwd=str(ROOT))
 
 
@@ -55,12 +60,14 @@ def _text(result: Any) -> str:
 @pytest.mark.vm
 def test_the_oracle_through_the_sdk_client_over_stdio_passes_and_replays(
         tmp_path: Path, image: Any) -> None:
-    runs = tmp_path / "runs"
+    runs, specs = tmp_path / "runs", _quick(tmp_path)
     solution = list(load_spec(ROOT / SPEC).solution)
 
     async def client() -> tuple[str, list[str], list[str], str, str]:
-        # finish answers once judged, and a pass is judged to its reboot re-check (rules 3)
-        async with Client(_params(runs), read_timeout_seconds=900) as c:
+        # finish answers once judged (under rules 3 a pass is judged to its reboot re-check,
+        # which this copy of the spec opts out of)
+        spec = str(specs / Path(SPEC).name)
+        async with Client(_params(runs, spec=spec), read_timeout_seconds=900) as c:
             tools = sorted(t.name for t in (await c.list_tools()).tools)
             prompt = await c.get_prompt("task")
             outputs = [_text(await c.call_tool("run_command", {"command": cmd}))
@@ -82,7 +89,7 @@ def test_the_oracle_through_the_sdk_client_over_stdio_passes_and_replays(
     cassette = Path(ep["cassette"])
     assert Cassette.load(cassette).header["model"] == {"kind": "mcp", "name": "mcp-client",
                                                        "transport": "stdio"}
-    out = replay_one(cassette, offline=True)  # no client, no VM: the cassette alone
+    out = replay_one(cassette, offline=True, specs=[specs])  # no client, no VM: the cassette alone
     assert out.same and out.episode is not None and out.episode.commands == len(solution), out
 
 
@@ -140,9 +147,9 @@ def _qemu_of(parent: int) -> set[int]:
     return {int(p) for p in out.stdout.split()}
 
 
-def _episode_holder(runs: Path) -> int | None:
+def _episode_holder(runs: Path, spec: str) -> int | None:
     """The detached child that holds the episode (its command line names our runs dir)."""
-    out = subprocess.run(["pgrep", "-f", f"runner mcp {SPEC} --runs-dir {runs}"],
+    out = subprocess.run(["pgrep", "-f", f"runner mcp {spec} --runs-dir {runs}"],
                          capture_output=True, text=True, timeout=10)
     for pid in map(int, out.stdout.split()):
         env = Path(f"/proc/{pid}/environ")
@@ -158,12 +165,13 @@ def _episode_holder(runs: Path) -> int | None:
 def test_a_client_that_disconnects_mid_command_is_judged_and_leaves_no_vm(
         tmp_path: Path, image: Any) -> None:
     runs = tmp_path / "runs"
+    spec = str(_quick(tmp_path) / Path(SPEC).name)
     seen: dict[str, Any] = {}
 
     async def client() -> None:
-        async with Client(_params(runs), read_timeout_seconds=300) as c:
+        async with Client(_params(runs, spec=spec), read_timeout_seconds=300) as c:
             await c.call_tool("run_command", {"command": "chmod 711 /srv/docs"})
-            seen["holder"] = holder = _episode_holder(runs)
+            seen["holder"] = holder = _episode_holder(runs, spec)
             seen["qemu"] = _qemu_of(holder) if holder else set()
             with anyio.move_on_after(3):  # gone while `sleep 8` runs in the guest
                 await c.call_tool("run_command", {"command": "sleep 8; echo late"})
@@ -172,7 +180,7 @@ def test_a_client_that_disconnects_mid_command_is_judged_and_leaves_no_vm(
     t0 = time.monotonic()
     anyio.run(client)
     assert seen["holder"] and seen["qemu"], seen
-    # A passing run is judged to its end: the state diff, then (rules 3) a reboot re-check.
+    # A passing run is judged to its end (the state diff; the spec's copy opts out of the reboot).
     ep = _results(runs, within=900)
     # Honest: judged on the machine as the client left it (711: traversable, so the site is
     # fixed even though the client never said so), not counted as an infrastructure failure.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import quick_specs
 
 from runner.app.agents import AgentChoice
 from runner.app.bench import run_bench
@@ -15,7 +16,6 @@ from runner.app.replay import replay_one
 from runner.core.cassette import Cassette
 from runner.core.model import oracle
 from runner.core.outcomes import AgentKind, Verdict
-from runner.core.paths import repo_root
 from runner.core.protocol import get_protocol
 from runner.core.spec import (
     load_spec,
@@ -25,26 +25,28 @@ from runner.core.spec import (
 @pytest.mark.vm
 def test_fix_tracking_on_a_real_vm_and_its_replay(tmp_path: Path) -> None:
     """The oracle fixes it with its last command; tracking says so, and replay says the same."""
-    s = load_spec(repo_root() / "specs" / "rogue-port-80.yaml")
+    specs = quick_specs(tmp_path / "specs", ["rogue-port-80"], "fix tracking")
+    s = load_spec(specs / "rogue-port-80.yaml")
     model = oracle(list(s.solution))
     cassette = tmp_path / "rogue-port-80.jsonl"
     ep = run_one(s, model, get_protocol("tools"), "test", RunOptions(track_fix=True), cassette)
     assert ep.verdict is Verdict.PASS, ep.reason
     assert ep.fixed_at is not None and ep.fixed_at["turn"] == len(s.solution)
     assert ep.regressed is False and ep.score == 1.0
-    out = replay_one(cassette, offline=True)
+    out = replay_one(cassette, offline=True, specs=[specs])
     assert out.same, out.note
     assert out.episode is not None and out.episode.fixed_at == ep.fixed_at
 
 
 @pytest.mark.vm
 def test_the_ladder_on_real_vms_climbs_for_noop_and_not_for_the_oracle(tmp_path: Path) -> None:
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    # The suite's spec with two hints of this test's own (in place of its three).
-    text = (repo_root() / "specs" / "nginx-stopped.yaml").read_text().split("\nhints:")[0]
+    # The suite's spec with two hints of this test's own (in place of its three), without the
+    # reboot re-check (the ladder is the subject).
+    specs = quick_specs(tmp_path / "specs", ["nginx-stopped"], "the hint ladder")
+    text = (specs / "nginx-stopped.yaml").read_text().split("\nhints:")[0]
+    lasting = (specs / "nginx-stopped.yaml").read_text().split("\nlasting:")[1]
     (specs / "nginx-stopped.yaml").write_text(
-        text + "\nhints:\n  - Something is not running.\n  - systemctl start nginx\n")
+        text + "\nhints:\n  - Something is not running.\n  - systemctl start nginx\nlasting:" + lasting)
     s = load_spec(specs / "nginx-stopped.yaml")
     opts = RunOptions(ladder=True, track_fix=False)
     eps = run_bench([s], AgentChoice(kind=AgentKind.NOOP), opts, tmp_path / "noop")
