@@ -374,6 +374,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                         f"move it to the folder of its kind")
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The time each part of the suite took (its folder: unit, vm, model, browser, package),
+    summed over its tests' set-up, call and tear-down on every worker, so a slow ``make test``
+    says where its time went (issue #47) beside pytest's own ``--durations`` list."""
+    parts: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid, duration = getattr(report, "nodeid", ""), getattr(report, "duration", None)
+            if not nodeid.startswith("tests/") or not isinstance(duration, float):
+                continue
+            part = nodeid.split("/")[1] if nodeid.count("/") > 1 else "tests"
+            parts[part] = parts.get(part, 0.0) + duration
+    total = sum(parts.values())
+    if total <= 0:
+        return
+    terminalreporter.write_sep("=", "time per part (test time, summed over the workers)")
+    for part, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{part:>10} {seconds:8.0f} s {seconds / total:6.1%}")
+    terminalreporter.write_line(f"{'all':>10} {total:8.0f} s")
+
+
 # --- an oracle bench for compare's tests (tests/unit/test_compare.py, tests/vm/test_compare_vm.py) ---
 
 # Scenarios whose probes do not wait (no `within`): a noop run of each takes ~10-20 s under TCG.
