@@ -102,10 +102,6 @@ SAMPLE = 2
 # verify says so. Each is a fault of the scenario (not of the harness) to mend in its spec and
 # record again; this list only keeps make test honest about them until then.
 KNOWN_INVALID = {
-    # The fault mounts the log volume as a tmpfs at runtime, not in fstab: after the reboot
-    # re-check the volume is gone, so the oracle's fix cannot be judged. The fault must be
-    # made to last (an fstab line) and the scenario's shortcuts tried again against it.
-    "incident-debug-log-masked": "did not survive a reboot: the log volume has room again",
     # Seen the same day: after the reboot the report service no longer answers with the recent
     # reports; what the fault set up at runtime (or the oracle's fix) does not outlive a boot.
     "incident-cleanup-cron-disk-full": "did not survive a reboot: the report service answers",
