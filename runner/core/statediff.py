@@ -821,6 +821,22 @@ def _ports(value: str | None) -> list[tuple[int, int]] | None:
     return out
 
 
+# The protocols whose packets carry ports: an accept limited to others (ICMP) opens no port.
+_PORTED = frozenset({"tcp", "udp", "sctp", "dccp", "udplite"})
+
+
+def _protocols(words: list[str]) -> frozenset[str] | None:
+    """The protocols a rule matches: the one before ``dport`` (``tcp dport 22``), else a
+    ``meta l4proto``, ``ip protocol`` or ``ip6 nexthdr`` match, else None for every protocol."""
+    if "dport" in words and words.index("dport") > 0 and words[words.index("dport") - 1] != "th":
+        return frozenset({words[words.index("dport") - 1]})
+    for key in ("l4proto", "protocol", "nexthdr"):
+        value = _after(words, key)
+        if value is not None and value != "!=":
+            return frozenset(e for e in re.split(r"[{},\s]+", value) if e)
+    return None
+
+
 def _covers(old: list[tuple[int, int]] | None, new: list[tuple[int, int]] | None) -> bool:
     """Whether the ports ``old`` accepted include every port ``new`` accepts."""
     if old is None:
@@ -884,11 +900,15 @@ def _widened(chain: str, body: list[str], before: set[str]) -> str | None:
     one, or one wider than a /24), and every port opened to a network (a source of more than
     one address and no destination port: "allow the office LAN" lets it reach every listener
     the drop policy kept from it). A single host allowed every port, loopback and return
-    traffic are judged narrow. A rule the firewall already had in the same chain, as wide or
-    wider, is no finding."""
+    traffic are judged narrow, and so is an accept of protocols that carry no port (ICMP). A
+    rule the firewall already had in the same chain, as wide or wider, for the same protocols,
+    is no finding: an old ``meta l4proto icmp accept`` opens no TCP port."""
     count = _source_count(body)
     ports = _ports(_after(body, "dport"))
+    protocols = _protocols(body)
     wide = _source_wide(body)
+    if protocols is not None and not protocols & _PORTED:
+        return None  # ICMP and the like: no port opened
     if not wide and (ports is not None or count is None or count <= 1):
         return None
     for old in before:
@@ -896,8 +916,10 @@ def _widened(chain: str, body: list[str], before: set[str]) -> str | None:
         if not old_rule or old_rule[0] != chain or old_rule[1][-1:] != ["accept"]:
             continue
         old_words = old_rule[1]
+        old_protocols = _protocols(old_words)
         same_source = _after(old_words, "saddr") == _after(body, "saddr")
         if (_source_wide(old_words) or (not wide and same_source)) \
+                and (old_protocols is None or (protocols is not None and protocols <= old_protocols)) \
                 and _covers(_ports(_after(old_words, "dport")), ports):
             return None
     port = _after(body, "dport")

@@ -241,15 +241,21 @@ def test_every_port_opened_to_a_network_or_a_wide_range_fails_a_port_already_ope
     nft writes without a ``/`` counted as one host; and ``tcp dport 80 accept`` beside a given
     ``tcp dport { 80, 443 } accept`` was called a new opening (the set compared as text)."""
     rule = "inet filter input rule: "
-    given = with_(CLEAN, firewall=[*firewall_facts(json.dumps(NFT)), f"{rule}tcp dport {{ 80, 443 }} accept"])
+    given = with_(CLEAN, firewall=[*firewall_facts(json.dumps(NFT)), f"{rule}tcp dport {{ 80, 443 }} accept",
+                                   # open to all, but no TCP port: they open nothing the others did
+                                   f"{rule}meta l4proto {{ icmp, ipv6-icmp }} accept",
+                                   f"{rule}udp dport 68 accept"])
     opened = [f"{rule}ip saddr 10.0.2.0/24 accept",  # every port, to the whole visitors' network
               f"{rule}ip saddr 0.0.0.1-255.255.255.254 accept",  # every port, to almost everyone
               f"{rule}ip saddr 0.0.0.0-255.255.255.255 tcp dport 8081 accept",  # one port, to all
-              f"{rule}ip saddr {{ 10.0.2.5, 10.0.2.6 }} accept"]  # every port, to two hosts
+              f"{rule}ip saddr {{ 10.0.2.5, 10.0.2.6 }} accept",  # every port, to two hosts
+              f"{rule}tcp dport 68 accept"]  # udp 68 was open, tcp 68 was not
     narrow = [f"{rule}tcp dport 80 accept",  # already open to all, in the set
               f"{rule}tcp dport 440-445 ip saddr 10.0.2.7 accept",  # one host, a few ports
               f"{rule}ip saddr 10.0.2.9 accept",  # one host, every port: narrow
-              f"{rule}ip saddr @admins accept"]  # a named set: the admin's list, not judged
+              f"{rule}ip saddr @admins accept",  # a named set: the admin's list, not judged
+              f"{rule}udp dport 68 accept",  # as given
+              f"{rule}ip protocol icmp accept"]  # no port
     end = replacing(given, firewall=[*given.facts["firewall"], *opened, *narrow])
     assert found(end, given) == sorted((StateCheck.FIREWALL, f, FAIL) for f in opened)
     details = {f.item: f.detail for f in diff(given, given, end)}
