@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.app.report import render_rows
 from runner.backends.cachedir import cache_root, lock_path
 from runner.backends.images import find_image, image_dir, load_recipe
 from runner.backends.llama import MODELS, build_dir, model_path
@@ -198,3 +199,26 @@ def prune(listed: list[Entry]) -> list[Entry]:
         lock_path(e.path).unlink(missing_ok=True)
         removed.append(e)
     return removed
+
+
+def listing(remove: bool, fmt: str) -> list[str]:
+    """``rootbench cache``: each entry (kind, name, size, state; ``--prune``'s removals last,
+    ``removed``), each item one print; in a table's format also where the cache is and what
+    pruning freed, or would free. JSON holds a size as a number, a table with one decimal."""
+    listed = entries()
+    removed = prune(listed) if remove else []
+    kept = [e for e in listed if e not in removed]
+    size = (lambda e: round(e.size / 1e6, 1)) if fmt == "json" else (
+        lambda e: f"{e.size / 1e6:.1f}")
+    rows = [[e.kind, e.path.name, size(e), e.state] for e in kept]
+    rows += [[e.kind, e.path.name, size(e), "removed"] for e in removed]
+    out = [render_rows(["kind", "entry", "MB", "state"], rows, fmt)]
+    if fmt != "json":
+        stale = sum(e.size for e in kept if not e.in_use)
+        out.append(f"\ncache: {cache_root()}")
+        if removed:
+            out.append(f"removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}, "
+                       f"{sum(e.size for e in removed) / 1e6:.0f} MB freed")
+        elif stale:
+            out.append(f"{stale / 1e6:.0f} MB stale: `rootbench cache --prune` removes it")
+    return out

@@ -1,4 +1,5 @@
-"""argparse as the command line needs it: one-line errors with "did you mean", defaults in help.
+"""argparse as the command line needs it: one-line errors with "did you mean", defaults in help,
+and the flag values argparse cannot check (ranges, ``--jobs N|auto``) refused in one line.
 
 Python 3.11's argparse prints the whole usage (18 lines for ``bench``) above
 every error, and has no ``suggest_on_error`` (3.14): a mistyped command or
@@ -7,16 +8,23 @@ subclass keeps argparse (parsing, help, types) and changes only what is
 said: the error is one line, ``PROG: error: MESSAGE``, exit 2, with the
 nearest command, flag or choice offered (:func:`runner.core.selection.nearest`)
 and where the full usage is (``PROG --help``).
+
+:func:`check_range` and :func:`parse_jobs` are the checks the commands and
+their set-up (runner/app/bench_setup.py, runner/app/verify_run.py) share, so
+one flag is refused in the same words wherever it is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from runner.app.executors import MAX_JOBS
+from runner.core.errors import InvalidInput
 from runner.core.selection import nearest
 
 _FLAG_OWNER = "_rootbench_flag_owner"  # namespace attribute: the (sub)parser left with extras
@@ -114,3 +122,24 @@ class Parser(argparse.ArgumentParser):
 def _near_flags(word: str, flags: list[str]) -> list[str]:
     """The known flags nearest a mistyped one (its ``=value`` left out)."""
     return nearest(word.split("=", 1)[0], flags, n=2)
+
+
+def check_range(value: float, flag: str, low: int, high: int) -> None:
+    """A number flag from ``low`` to ``high`` (NaN and infinity refused), else bad input."""
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidInput(f"must be a number from {low} to {high}, not {value!r}", field=flag)
+
+
+def parse_jobs(value: str | None, flag: str = "--jobs") -> int | None:
+    """``--jobs``: a number of episodes at once, or None for ``auto`` (sized later, said aloud)."""
+    if value is None:
+        return 1
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise InvalidInput(f"must be a number from 1 to {MAX_JOBS} or auto, not {value!r}",
+                           field=flag) from None
+    check_range(jobs, flag, 1, MAX_JOBS)
+    return jobs

@@ -10,6 +10,7 @@ end, to another verdict or other flags) and ``same``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -17,14 +18,15 @@ import math
 import multiprocessing
 import os
 import signal
-from collections.abc import Generator, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner.app.episodes import machinery
 from runner.backends.process import die_with_parent
-from runner.core.cassette import Cassette
+from runner.core.cassette import Cassette, find_cassettes
 from runner.core.clock import Clock
 from runner.core.episode import GRADED_FIELDS, Episode, run_episode
 from runner.core.errors import InvalidInput, ReplayMismatch
@@ -532,3 +534,52 @@ class OutcomeTable:
     def end(self) -> str | None:
         """What comes after the last row (None: nothing)."""
         return "]" if self.fmt == "json" else None
+
+
+def replay_table(words: Sequence[str], *, fmt: str, offline: bool, lenient: bool,
+                 allow_spec_changes: bool, accel: str, transport: str,
+                 specs: list[Path] | None, one_process: bool,
+                 out: Callable[[str], None], err: Callable[[str], None]) -> int:
+    """``rootbench replay``: each cassette of ``words`` replayed and tabled; 0 only if every one
+    is ``same``.
+
+    Each row goes to ``out`` as soon as its cassette and every one before it
+    are decided. One bad cassette does not stop the others: it is tabled
+    ``unreadable`` with its one-line reason (also to ``err``) and makes the
+    exit 2, as bad input does; any ``different``, ``mismatch`` or
+    ``spec-changed`` makes it 1. A named path that does not exist is bad input
+    at once; a subfolder that cannot be listed is a row of its own.
+    ``one_process`` keeps each cassette's progress lines together (``-v``).
+    """
+    folders: list[tuple[Path, str]] = []  # folders that could not be listed: each is a row
+    named: list[str | Path] = list(words)
+    paths = find_cassettes(named, unreadable=folders)
+    outcomes: list[ReplayOutcome] = []
+    table = OutcomeTable(fmt, [str(f) for f, _why in folders] + [str(p) for p in paths])
+    out(table.head())
+    for folder, why in folders:
+        exc = InvalidInput(why, path=str(folder))
+        err(f"rootbench: {exc}")
+        outcomes.append(unreadable(folder, exc))
+        out(table.row(outcomes[-1]))
+    t0 = time.monotonic()
+    with contextlib.closing(replay_all(paths, offline=offline, lenient=lenient,
+                                       allow_spec_changes=allow_spec_changes, accel=accel,
+                                       transport=transport, specs=specs,
+                                       jobs=1 if one_process else None)) as decided:
+        for done in decided:
+            if done.error is not None:
+                err(f"rootbench: {done.error}")
+            outcomes.append(done.outcome)
+            out(table.row(done.outcome))
+    if (end := table.end()) is not None:
+        out(end)
+    counts = {r: sum(o.result is r for o in outcomes) for r in ReplayResult}
+    if fmt != "json":
+        others = ", ".join(f"{n} {r.value}" for r, n in counts.items()
+                           if n and r is not ReplayResult.SAME)
+        out(f"\n{counts[ReplayResult.SAME]}/{len(outcomes)} replayed verdicts equal the recorded "
+            f"ones{f' ({others})' if others else ''} ({time.monotonic() - t0:.1f}s)")
+    if counts[ReplayResult.UNREADABLE]:
+        return 2
+    return 0 if counts[ReplayResult.SAME] == len(outcomes) else 1

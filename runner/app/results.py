@@ -26,15 +26,17 @@ file of a bounded size (:func:`runner.core.paths.read_regular`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
+from runner.app.outputs import atomic_write, check_file_target
 from runner.app.reference import references
 from runner.app.report import ci_text, unsafe_text
 from runner.app.runs import shown_path
+from runner.app.scenarios import specs_dir
 from runner.app.stats import Summary, assists, compare, hinted, summarize
 from runner.backends.llama import MODELS
 from runner.core.cassette import Cassette
@@ -42,7 +44,7 @@ from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.layout import CASSETTES, RESULTS
 from runner.core.outcomes import Tier
-from runner.core.paths import contained, read_regular
+from runner.core.paths import contained, default_spec_dirs, read_regular
 from runner.core.spec import Scenario, check_specs
 from runner.core.text import md_cell, md_code, one_line
 from runner.core.tiers import measured_tier
@@ -379,3 +381,36 @@ def differs(path: Path, block: str) -> bool:
     """Whether ``path``'s block is not ``block`` (blank lines around it do not count)."""
     _head, old, _tail = _split(_read(path), path)
     return old.strip("\n") != block.strip("\n")
+
+
+def command(paths: Sequence[str], specs: Sequence[str] | None, *, write: str | None,
+            check: str | None, out: Callable[[str], None], err: Callable[[str], None]) -> int:
+    """``rootbench results``: the block to ``out``, or written into (``write``) or checked
+    against (``check``) a file, the specs read from the ``specs`` folders (default: the default
+    spec folders). A label that breaks the measured cap (hard, yet passed unaided) is one line
+    each to ``err``; with ``check`` it, or a block that differs, makes the exit 1. A ``write``
+    target is checked before any work: one that cannot be written costs none."""
+    if write:
+        check_file_target(Path(write), "--write")
+    spec_dirs = [specs_dir(d) for d in specs] if specs else default_spec_dirs()
+    found = gather(live_dirs(paths), spec_dirs)
+    block = render_block(found)
+    problems = disagreement_lines(found)
+    if check and differs(Path(check), block):
+        problems.insert(0, f"{check}: the block between {BEGIN} and {END} "
+                           "is not what the runs give (make results rewrites it)")
+    for line in problems:
+        err(f"rootbench: {line}")
+    if check:
+        if problems:
+            return 1
+        out(up_to_date_line(Path(check)))  # a check that passed says so
+        return 0
+    if write:
+        target = Path(write)
+        atomic_write(target, written(target, block), "--write")
+        out(f"{target}: results written ({len(found.tiers)} scenarios, "
+            f"{sum(t.tier is not Tier.UNMEASURED for t in found.tiers)} measured)")
+        return 0
+    out(block.rstrip("\n"))
+    return 0

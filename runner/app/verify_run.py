@@ -8,12 +8,15 @@ once through the bench's own driver loop (each in a child process of its
 own when there are several), the slowest scenarios first. What can be
 proven from a recording instead (``--noop``, ``--shortcuts``,
 ``--alternatives recorded``) is proven here without a VM. The command line
-only parses its arguments and prints what :func:`run_verify` returns.
+only parses its arguments, has them checked here (:func:`check_numbers`,
+:func:`recorded_dir`) and prints what :func:`run_verify` returns, as
+:func:`answer` words it.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from dataclasses import dataclass
 from datetime import date
@@ -21,8 +24,10 @@ from pathlib import Path
 from typing import cast
 
 from runner.app import html_report
+from runner.app.cliparse import check_range
 from runner.app.driver import Job, Start, drive
-from runner.app.executors import Done, WorkerLost, make_local
+from runner.app.executors import Done, WorkerLost, auto_jobs, make_local
+from runner.app.report import render_rows
 from runner.app.runs import new_run_dir
 from runner.app.signals import signals_raise
 from runner.app.verify import (
@@ -32,6 +37,7 @@ from runner.app.verify import (
     Verification,
     add_alternatives,
     add_shortcuts,
+    json_rows,
     recorded_alternative,
     recorded_shortcut,
     slowest_first,
@@ -41,6 +47,7 @@ from runner.app.verify import (
     verify_shortcut,
 )
 from runner.core import layout
+from runner.core.errors import InvalidInput
 from runner.core.spec import Scenario
 from runner.core.text import one_line
 
@@ -51,7 +58,7 @@ log = logging.getLogger("rootbench.verify")
 class VerifyOptions:
     """What ``rootbench verify`` was asked; see its ``--help`` for each."""
 
-    jobs: int
+    jobs: int | None  # None: --jobs auto, sized from cores and free memory when the run starts
     repeat: int = 1
     accel: str = "auto"
     transport: str = "serial"
@@ -71,6 +78,57 @@ class VerifyOptions:
     # reported apart, neither valid nor invalid. None: all of them. make test's bound, so a
     # change that makes every recording stale (a judging-rules bump) cannot outgrow CI's time.
     max_live: int | None = None
+
+
+def check_numbers(repeat: int, sample: int, max_live: int | None, oracle_changed: bool) -> None:
+    """``--repeat``, ``--sample`` and ``--max-live`` in range, before any spec is read; a
+    ``--max-live`` without ``--oracle changed`` would bound nothing, so it is refused."""
+    check_range(repeat, "--repeat", 1, 20)
+    check_range(sample, "--sample", 0, 1000)
+    if max_live is not None:
+        check_range(max_live, "--max-live", 1, 1000)
+        if not oracle_changed:
+            raise InvalidInput("goes with --oracle changed", field="--max-live")
+
+
+def recorded_dir(name: str, needed: bool) -> Path:
+    """``--recorded-from``: a folder that must be there when anything is proven from it
+    (``needed``: some check recorded, or ``--oracle changed``), named as given when it is not."""
+    recorded = Path(name)
+    if needed and not recorded.is_dir():
+        raise InvalidInput("not a directory", path=name, field="--recorded-from")
+    return recorded
+
+
+def sized(jobs: int | None) -> int:
+    """``--jobs``: as given, or for ``auto`` (None) from cores and free memory, said in one line."""
+    if jobs is None:
+        jobs, why = auto_jobs()
+        log.info("--jobs auto: %s", why)
+    return jobs
+
+
+def answer(results: list[Verification], fmt: str) -> list[str]:
+    """What ``verify`` prints, each item one print: the table (or the JSON document), then, in a
+    table's format, how many scenarios are valid (the deferred apart, neither valid nor invalid)
+    and each invalid one's problems."""
+    if fmt == "json":
+        return [json.dumps(json_rows(results), indent=2)]
+    headers, rows = table_rows(results)
+    out = [render_rows(headers, rows, fmt)]
+    deferred = [v for v in results if v.deferred]
+    bad = invalid(results)
+    checked = len(results) - len(deferred)
+    more = (f"; {len(deferred)} deferred (stale recordings beyond --max-live: neither valid "
+            "nor invalid today)" if deferred else "")
+    out.append(f"\n{checked - len(bad)}/{checked} scenarios valid{more}")
+    out += [f"  {v.scenario}: {'; '.join(v.problems)}" for v in bad]
+    return out
+
+
+def invalid(results: list[Verification]) -> list[Verification]:
+    """The scenarios found invalid (a deferred one is not: it was not checked today)."""
+    return [v for v in results if not v.valid and not v.deferred]
 
 
 def defer_stale(scenarios: list[Scenario], recorded: Path, sampled: set[int], max_live: int,
@@ -120,6 +178,7 @@ _Key = tuple[int, str, int]
 
 def run_verify(scenarios: list[Scenario], opts: VerifyOptions) -> VerifyRun:
     """Run every check of every scenario; the results in the order of ``scenarios``."""
+    jobs = sized(opts.jobs)
     run_dir = new_run_dir(opts.runs_dir, "verify")
     if opts.record_to:
         opts.record_to.mkdir(parents=True, exist_ok=True)
@@ -164,7 +223,7 @@ def run_verify(scenarios: list[Scenario], opts: VerifyOptions) -> VerifyRun:
         if deferred:
             log.info("deferred (stale, beyond --max-live %d): %d scenarios", opts.max_live,
                      len(deferred))
-    with signals_raise(), make_local(opts.jobs) as pool, pool.cancelling():
+    with signals_raise(), make_local(jobs) as pool, pool.cancelling():
         work: list[Start] = []
         for i in slowest_first(scenarios, opts.recorded):
             s = scenarios[i]

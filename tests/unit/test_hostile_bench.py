@@ -121,14 +121,14 @@ def test_jobs_auto_sizing_reads_props_of_any_shape(server: tuple[str, BadServer]
     """``--jobs auto --endpoint`` sizes itself from /props; a list there is "the server does not
     say", not a crash."""
     from runner.app.agents import AgentChoice
-    from runner.app.cli import _server_slots
+    from runner.app.bench_setup import server_slots
 
     url, state = server
     for body, slots in (("[1, 2, 3]", None), ('{"total_slots": 4}', 4), ("7", None),
                         ('{"total_slots": true}', None), ('{"total_slots": 1e999}', None),
                         ('{"total_slots": [2]}', None), ("drip", None)):
         state.props = body
-        assert _server_slots([AgentChoice(endpoint=url)]) == slots, body
+        assert server_slots([AgentChoice(endpoint=url)]) == slots, body
 
 
 # --- 3. malformed usage: infra-error, nothing lost, no NaN in a cassette -------------------------
@@ -394,13 +394,12 @@ def test_an_endpoint_that_accepts_but_never_answers_is_refused_in_seconds(cli: C
                                                                 2 ** 32, 2 ** 63]),
        repeat=st.integers(1, 5))
 def test_seed_is_range_checked(seed: int, repeat: int) -> None:
-    from runner.app import cli
+    from runner.app.bench_setup import BenchFlags, agent_choices
 
-    args = cli._parser().parse_args(["bench", "--agent", "oracle", "--seed", str(seed),
-                                     "--repeat", str(repeat)])
+    flags = BenchFlags(agent="oracle", seed=seed, repeat=repeat)
     ok = 0 <= seed and seed + repeat - 1 <= 2 ** 32 - 2
     try:
-        cli._choices(args)
+        agent_choices(flags)
     except InvalidInput as exc:
         assert not ok and str(exc).startswith("--seed: ") and "4294967294" in str(exc)
         assert "\n" not in str(exc)
