@@ -25,7 +25,7 @@ from runner.core.cassette import Cassette, RecordMode
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import Verdict
-from runner.core.spec import Scenario
+from runner.core.spec import Scenario, ran_as_today
 
 Key = tuple[str | None, str, int, int]  # (arm, scenario, round, hint level): one episode, one cassette
 
@@ -85,7 +85,7 @@ def _recorded_pass(path: Path, scenario: Scenario) -> bool:
     except (InvalidInput, OSError, ValueError):
         return False
     verdict = cassette.verdict
-    return (cassette.head.spec_hash == scenario.spec_hash and isinstance(verdict, dict)
+    return (ran_as_today(cassette.head.spec_hash, cassette.head.scenario, scenario) and isinstance(verdict, dict)
             and verdict.get("verdict") == Verdict.PASS.value)
 
 

@@ -26,9 +26,10 @@ file of a bounded size (:func:`runner.core.paths.read_regular`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
@@ -45,7 +46,7 @@ from runner.core.errors import InvalidInput
 from runner.core.layout import CASSETTES, RESULTS
 from runner.core.outcomes import Tier
 from runner.core.paths import contained, default_spec_dirs, read_regular
-from runner.core.spec import Scenario, check_specs
+from runner.core.spec import Scenario, check_specs, ran_as_today, scenario_to_dict, scenario_view
 from runner.core.text import md_cell, md_code, one_line
 from runner.core.tiers import measured_tier
 
@@ -117,9 +118,10 @@ def _specs(spec_dirs: Sequence[Path]) -> list[tuple[Scenario, Path]]:
     return [(s, p) for p, s, _e in checked if s is not None]
 
 
-def _recorded_hash(run: Run, ep: Episode) -> str | None:
-    """The spec hash in the header of the episode's cassette when the folder holds it (a
-    recordings folder always does; a run directory under ``cassettes/``), else None.
+def _recorded_hash(run: Run, ep: Episode) -> tuple[str, Mapping[str, Any]] | None:
+    """The spec hash and the scenario in the header of the episode's cassette when the folder
+    holds it (a recordings folder always does; a run directory under ``cassettes/``) and the
+    header has a spec hash, else None.
 
     The cassette's name is the run folder's (results.json's ``cassette``): one that resolves
     outside the folder (``../x``, a symlink out of ``cassettes/``) is bad input and never
@@ -134,7 +136,8 @@ def _recorded_hash(run: Run, ep: Episode) -> str | None:
                                "directory (not read)",
                                path=str(run.path / RESULTS) if (run.path / RESULTS).is_file()
                                else str(run.path), field="cassette")
-        return Cassette.load(where).head.spec_hash
+        head = Cassette.load(where).head
+        return (head.spec_hash, head.scenario) if head.spec_hash is not None else None
     return None
 
 
@@ -144,6 +147,7 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
     :class:`InvalidInput` naming the file and field."""
     specs = _specs(spec_dirs)
     by_id = {s.id: s for s, _p in specs}
+    views = {s.id: scenario_view(scenario_to_dict(s)) for s, _p in specs}  # what a run of each records
     for p in paths:
         if p.exists() and not p.is_dir():
             raise InvalidInput("not a run directory or a folder of cassettes (a file)", path=str(p))
@@ -164,7 +168,7 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
             if ep.model not in models:
                 continue
             recorded = _recorded_hash(run, ep)
-            if recorded is not None and recorded != spec.spec_hash:
+            if recorded is not None and not ran_as_today(*recorded, spec, views.get(spec.id)):
                 stale += 1
                 continue
             own.setdefault((ep.scenario, ep.model), []).append(ep)

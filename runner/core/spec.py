@@ -693,6 +693,20 @@ def scenario_view(header_scenario: Mapping[str, Any], leave_out: frozenset[str] 
                       ensure_ascii=False, default=str)
 
 
+def ran_as_today(spec_hash: str | None, header_scenario: Mapping[str, Any], scenario: Scenario,
+                 today: str | None = None) -> bool:
+    """Whether a run whose cassette header records ``spec_hash`` and ``header_scenario`` ran
+    ``scenario`` as its spec states it today: the same text, or a text that differs only where
+    no run reads it (an alternative or a shortcut added, a comment). ``today`` is
+    ``scenario_view(scenario_to_dict(scenario))`` when the caller already has it. A header
+    with no spec hash was not made from a spec file: it did not run today's."""
+    if spec_hash is None:
+        return False
+    if spec_hash == scenario.spec_hash:
+        return True
+    return scenario_view(header_scenario) == (today or scenario_view(scenario_to_dict(scenario)))
+
+
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     """The scenario as plain JSON, for a cassette header (replay needs no spec file).
 

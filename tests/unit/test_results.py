@@ -165,7 +165,15 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
 def test_runs_of_an_older_spec_measure_nothing(small_suite: tuple[Path, Path]) -> None:
     specs, runs = small_suite
     spec = specs / "ssh-stopped.yaml"
-    spec.write_text(spec.read_text() + "# edited after the runs\n")
+    text = spec.read_text()
+    # What no run reads (a comment, an alternative fix) leaves the runs measuring the spec.
+    spec.write_text(text + "# edited after the runs\nalternatives:\n  - name: restart it\n"
+                    "    why: an admin may\n    commands: [systemctl restart ssh]\n")
+    found = results.gather(_folders(runs), [specs])
+    assert _tiers(found)["ssh-stopped"] is not Tier.UNMEASURED and found.stale == 0
+    # What the runs were judged by (a forbidden pattern added) makes them runs of another spec.
+    spec.write_text(text + "forbidden:\n  - 'never-used'\n" if "\nforbidden:" not in text
+                    else text.replace("\nforbidden:\n", "\nforbidden:\n  - 'never-used'\n", 1))
     found = results.gather(_folders(runs), [specs])
     assert _tiers(found)["ssh-stopped"] is Tier.UNMEASURED
     assert found.stale == 5  # the 1.5B's one run and the 0.5B's four
