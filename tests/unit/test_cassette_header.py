@@ -26,7 +26,9 @@ ROOT = repo_root()
 # Recorded before hints, fix tracking and rules existed: format 1 lacking all three.
 BEFORE_HINTS = (ROOT / "recordings/archive/2026-12-03-before-hints/qwen2.5-coder-0.5b-json"
                 / "rogue-port-80.r0.jsonl")
-ORACLE = ROOT / "recordings/oracle/cpu-hog.jsonl"  # format 1 with every field of today's
+# format 1 with every field of today's: the cpu-hog oracle as recorded under judging rules 2, kept here
+# because the committed recordings are made again under newer formats and rules
+ORACLE = ROOT / "tests/unit/data/oracle-format1-rules2.jsonl"
 
 
 def _first_line(path: Path) -> dict[str, Any]:

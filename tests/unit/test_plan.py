@@ -142,7 +142,9 @@ def test_a_recorded_pass_ends_the_climb_so_no_model_is_needed(tmp_path: Path) ->
     plan = BenchPlan([passed0, passed2], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
     assert [rd.scenario.id for rd in plan.live(None, retry=False)] == ["cron-stopped"]
     # a pass of an older spec is no proof: its replay may not pass today
-    older = dataclasses.replace(passed0, spec_hash="0" * len(passed0.spec_hash))
+    # another version of the spec: one the recorded run was not judged by (a forbidden pattern more)
+    older = dataclasses.replace(passed0, spec_hash="0" * len(passed0.spec_hash),
+                                forbidden=(*passed0.forbidden, "never-typed"))
     plan = BenchPlan([older], [Arm(ORACLE)], opts, [], tmp_path, RecordMode.ONCE)
     assert [rd.scenario.id for rd in plan.live(None, retry=False)] == ["ssh-stopped"]
 

@@ -203,13 +203,23 @@ def test_an_edited_spec_is_spec_changed_unless_allowed(
 
     # What no run reads (a comment, an alternative fix added) leaves the recording standing:
     # the header holds the whole scenario the run was judged by, and today's is the same.
-    spec.write_text(spec.read_text() + "# an edit\nalternatives:\n  - name: another fix\n"
-                    "    why: a fix an admin may choose\n    commands: [systemctl disable --now report-gen]\n")
+    another = ("  - name: another fix\n    why: a fix an admin may choose\n"
+               "    commands: [systemctl disable --now report-gen]\n")
+    text = spec.read_text()
+    text = (text.replace("\nalternatives:\n", "\nalternatives:\n" + another, 1) if "\nalternatives:\n" in text
+            else text + "alternatives:\n" + another)
+    spec.write_text(text + "# an edit\n")
     code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     assert code == 0 and _row(out, cassette)[5] == "same", out
 
-    # What the run read (the task the agent was given) is a change.
+    # The task reworded: a model's run read it, but this is the oracle's, a scripted run that
+    # never reads the task (as verify judges it), so its recording still stands.
     spec.write_text(spec.read_text().replace("since yesterday's deploy", "since the deploy"))
+    code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
+    assert code == 0 and _row(out, cassette)[5] == "same", out
+
+    # What the run was judged by (a forbidden pattern added) is a change for any run.
+    spec.write_text(spec.read_text().replace("forbidden:\n", "forbidden:\n  - 'never-typed'\n", 1))
     code, out, _err = _replay(cli, "--specs", str(spec.parent), str(cassette))
     row = _row(out, cassette)
     assert code == 1 and row[3:6] == ["spec-changed", "NO", "spec-changed"], row
