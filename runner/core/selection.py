@@ -219,18 +219,24 @@ def default_subset(scenarios: Sequence[Scenario], measured: Mapping[str, Measure
 
     So every area shows each tier it has, once, on the cheapest scenario that shows it. The
     subset is returned in the order of ``scenarios``. A scenario with no recorded time comes
-    after those with one, and an unmeasured one is its own tier: a new scenario of a new kind
-    still gets a place.
+    after those with one. An unmeasured scenario is a tier of its own only in an area with no
+    measured one: a new scenario of a new kind still gets a place, while an area whose
+    measured scenarios already show its tiers is not made longer by the ones the bundled
+    models have not run yet (runs of an older version of a spec do not measure it).
     """
     counts = Counter(a for s in scenarios if (a := area(s)) is not None)
     areas = {a for a, n in counts.items() if n >= AREA_MIN}
     image = main_image(scenarios)
     candidates = sorted((s for s in scenarios if not s.machines and area(s) in areas),
                         key=lambda s: (s.image != image, _oracle_seconds(s, measured), s.id))
+    measured_areas = {area(s) for s in candidates
+                      if measured.get(s.id, UNKNOWN).tier is not Tier.UNMEASURED}
     covered: set[tuple[str | None, Tier]] = set()
     picked: set[str] = set()
     for s in candidates:
         pair = (area(s), measured.get(s.id, UNKNOWN).tier)
+        if pair[1] is Tier.UNMEASURED and pair[0] in measured_areas:
+            continue
         if pair not in covered:
             covered.add(pair)
             picked.add(s.id)
