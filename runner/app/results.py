@@ -118,7 +118,7 @@ def _specs(spec_dirs: Sequence[Path]) -> list[tuple[Scenario, Path]]:
     return [(s, p) for p, s, _e in checked if s is not None]
 
 
-def _recorded_hash(run: Run, ep: Episode) -> tuple[str, Mapping[str, Any]] | None:
+def _recorded_header(run: Run, ep: Episode) -> tuple[str, Mapping[str, Any]] | None:
     """The spec hash and the scenario in the header of the episode's cassette when the folder
     holds it (a recordings folder always does; a run directory under ``cassettes/``) and the
     header has a spec hash, else None.
@@ -167,7 +167,7 @@ def gather(paths: Sequence[Path], spec_dirs: Sequence[Path]) -> Results:
                                    field="scenario")
             if ep.model not in models:
                 continue
-            recorded = _recorded_hash(run, ep)
+            recorded = _recorded_header(run, ep)
             if recorded is not None and not ran_as_today(*recorded, spec, views.get(spec.id)):
                 stale += 1
                 continue
