@@ -34,11 +34,12 @@ from typing import Any
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
 from runner.app.outputs import atomic_write, check_file_target
+from runner.app.paired import compare
 from runner.app.reference import references
 from runner.app.report import ci_text, unsafe_text
 from runner.app.runs import shown_path
 from runner.app.scenarios import specs_dir
-from runner.app.stats import Summary, assists, compare, hinted, summarize
+from runner.app.stats import Summary, assists, hinted, summarize
 from runner.backends.llama import MODELS
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode

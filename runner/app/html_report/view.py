@@ -24,10 +24,11 @@ from typing import Any
 from runner.app import compare as _compare
 from runner.app.html_report.fields import as_dict, as_list, integer, num, text
 from runner.app.html_report.trajectory import Trajectory, load_trajectory
+from runner.app.paired import compare
 from runner.app.reference import reference_text, references
 from runner.app.report import DERIVED_COLUMNS, GRADED_COLUMNS, levels_in_order, statistics_rows
 from runner.app.runs import load_results, relative_name, results_file, shown_path
-from runner.app.stats import compare, deciding, first_tries, repair_of, score_of, verdict_counts
+from runner.app.stats import deciding, first_tries, repair_of, score_of, verdict_counts
 from runner.core import layout
 from runner.core.episode import GRADED_FIELDS, Episode
 from runner.core.errors import InvalidInput
