@@ -27,6 +27,7 @@ from runner.app import (
     cache,
     doctor,
     logs,
+    mcp_http,
     mcp_server,
     results,
     runs_report,
@@ -154,7 +155,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if not args.http and (args.http_remote or args.http_token_file):
         raise InvalidInput("needs --http", field="--http-remote" if args.http_remote
                            else "--http-token-file")
-    address = mcp_server.parse_http(args.http, remote=args.http_remote) if args.http else None
+    address = mcp_http.parse_http(args.http, remote=args.http_remote) if args.http else None
     cache_root()
     opts = RunOptions(accel=args.accel, transport=args.transport, protocol="tools",
                       hints=level, track_fix=args.track_fix)
