@@ -31,14 +31,9 @@ import markupsafe
 from runner import __version__
 from runner.app.events import BenchListener, Step
 from runner.app.html_report.fields import text
+from runner.app.html_report.load import load_run_arms, runs_from_cassettes
 from runner.app.html_report.plots import plots
-from runner.app.html_report.view import (
-    ChecksTable,
-    RunView,
-    load_run_arms,
-    page,
-    runs_from_cassettes,
-)
+from runner.app.html_report.view import ChecksTable, RunView, page
 from runner.app.outputs import atomic_write, write_error
 from runner.app.signals import Interrupted
 from runner.core import layout
