@@ -30,6 +30,7 @@ from runner.app import (
     mcp_http,
     mcp_server,
     results,
+    runs_index,
     runs_report,
     scaffold,
     verify_run,
@@ -216,6 +217,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    """RUNS_DIR/index.html: every run of the folder, its figures and a link to its report."""
+    written = runs_index.write_index(Path(args.runs_dir), reports=not args.no_reports)
+    _out(json.dumps({"index": str(written)}) if args.format == "json" else str(written))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Each run's trajectory as ATIF ``trajectory.json``; prints the files written."""
     for path in atif.export([Path(p) for p in args.paths], Path(args.out) if args.out else None):
@@ -279,7 +287,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 COMMANDS = {"validate": cmd_validate, "new": cmd_new, "list": cmd_list, "run": cmd_run,
             "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
-            "export": cmd_export,
+            "view": cmd_view, "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
             "compare": cmd_compare, "mcp": cmd_mcp, "results": cmd_results}
 

@@ -280,6 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="with --html: where the report goes")
     _format_arg(p)
 
+    p = sub.add_parser("view", help="an index page of every run in a folder (RUNS_DIR/index.html), "
+                                    "with each run's figures and a link to its report")
+    p.add_argument("runs_dir", nargs="?", default="runs", metavar="RUNS_DIR",
+                   help="the folder your runs are in")
+    p.add_argument("--no-reports", action="store_true",
+                   help="do not write the reports that are missing or older than their results "
+                        "first (their rows then have no link)")
+    _format_arg(p)
+
     p = sub.add_parser("export", help="write each run's trajectory in another format")
     p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
                    help="run directories or cassettes (directories are searched for *.jsonl)")
