@@ -8,8 +8,6 @@ Function size has its own bar, ruff's C901 (no function above complexity 20).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from runner.core.paths import repo_root
 
 MAX_LINES = 600
