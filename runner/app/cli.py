@@ -29,6 +29,7 @@ from runner.app import (
     logs,
     mcp_http,
     mcp_server,
+    rejudge,
     results,
     runs_index,
     runs_report,
@@ -41,6 +42,8 @@ from runner.app.cliargs import build_parser
 from runner.app.cliparse import UsageError, check_range, parse_jobs
 from runner.app.compare import compare_runs, render_comparisons
 from runner.app.episodes import RunOptions
+from runner.app.executors import auto_jobs
+from runner.app.outputs import check_file_target
 from runner.app.perf import measure, render
 from runner.app.replay import replay_table
 from runner.app.report import pass_at, render_rows, render_table
@@ -217,6 +220,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rejudge(args: argparse.Namespace) -> int:
+    """Each recorded run judged again on a fresh VM (:mod:`runner.app.rejudge`)."""
+    if not args.verbose:  # every command of every cassette again: only with -v
+        logging.getLogger("rootbench.agent").setLevel(logging.WARNING)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_file_target(out, "--out")
+    jobs = parse_jobs(args.jobs)
+    if jobs is None:
+        jobs, why = auto_jobs()
+        log.info("--jobs auto: %d (%s)", jobs, why)
+    return rejudge.rejudge(args.paths, fmt=args.format, jobs=jobs,
+                           accel=args.accel, transport=args.transport, record_to=out,
+                           out=_out, err=_err)
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     """RUNS_DIR/index.html: every run of the folder, its figures and a link to its report."""
     written = runs_index.write_index(Path(args.runs_dir), reports=not args.no_reports)
@@ -287,7 +306,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 COMMANDS = {"validate": cmd_validate, "new": cmd_new, "list": cmd_list, "run": cmd_run,
             "bench": cmd_bench,
             "replay": cmd_replay, "verify": cmd_verify, "perf": cmd_perf, "report": cmd_report,
-            "view": cmd_view, "export": cmd_export,
+            "view": cmd_view, "rejudge": cmd_rejudge, "export": cmd_export,
             "image": cmd_image, "model": cmd_model, "doctor": cmd_doctor, "cache": cmd_cache,
             "compare": cmd_compare, "mcp": cmd_mcp, "results": cmd_results}
 

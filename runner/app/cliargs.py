@@ -280,6 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="with --html: where the report goes")
     _format_arg(p)
 
+    p = sub.add_parser("rejudge", help="judge recorded runs again on fresh VMs: each cassette's "
+                                       "recorded actions replayed, its verdict checked")
+    p.add_argument("paths", nargs="+", metavar="RUNDIR|CASSETTE",
+                   help="run directories, recordings folders or cassettes")
+    p.add_argument("--out", metavar="FILE",
+                   help="where the record goes (default RUNDIR/rejudged.json for one run "
+                        "directory, else ./rejudged.json)")
+    _jobs_arg(p, "cassettes rejudged at once, each on its own VM")
+    _format_arg(p)
+    _vm_args(p)
+
     p = sub.add_parser("view", help="an index page of every run in a folder (RUNS_DIR/index.html), "
                                     "with each run's figures and a link to its report")
     p.add_argument("runs_dir", nargs="?", default="runs", metavar="RUNS_DIR",

@@ -6,8 +6,9 @@ run directories named by their start time; finding last week's run of the
 one row per run, newest first: when it started, what it was (bench, run,
 verify, mcp: the folder's label), the agent and model, how many episodes,
 pass@1, the mean repair score and the unsafe-fix rate, each computed by
-:mod:`runner.app.stats` from the run's own results as ``report`` would, and
-a link to the run's HTML report. A run directory whose results are newer
+:mod:`runner.app.stats` from the run's own results as ``report`` would,
+whether ``rootbench rejudge`` confirmed its verdicts on fresh VMs (its
+``rejudged.json``), and a link to the run's HTML report. A run directory whose results are newer
 than its report (or that has none) gets its report written first, so every
 link works offline.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from runner import __version__
 from runner.app.html_report.render import REPORT_NAME, environment, write_run_report
 from runner.app.outputs import atomic_write
+from runner.app.rejudge import RECORD_NAME, read_record
 from runner.app.runs import load_results
 from runner.app.stats import summarize
 from runner.core import layout
@@ -62,6 +64,7 @@ class IndexRow:
     unsafe_rate: float | None
     report: str | None  # the report's href, relative to the index; None: no report to link
     problem: str = ""  # why the run's figures are missing (a damaged results file)
+    rejudged: str = "-"  # "8/8 confirmed" from the run's rejudged.json (rootbench rejudge)
 
 
 def _started(folder: Path) -> tuple[str, str]:
@@ -116,10 +119,12 @@ def index_row(folder: Path, root: Path) -> IndexRow:
     kinds = sorted({ep.agent.value for ep in episodes}) or [str(agent.get("kind") or "?")]
     models = sorted({ep.model for ep in episodes if ep.model}) or ["-"]
     overall = summarize(episodes).overall if episodes else None
+    record = read_record(folder / RECORD_NAME)
     return IndexRow(folder.name, started, label, ", ".join(kinds), ", ".join(models),
                     len(episodes), overall.pass_at_1 if overall else None,
                     overall.mean_repair if overall else None,
-                    overall.unsafe_rate if overall else None, _href(folder, root))
+                    overall.unsafe_rate if overall else None, _href(folder, root),
+                    rejudged=f"{record[0]}/{record[1]} confirmed" if record else "-")
 
 
 def _report_is_stale(folder: Path) -> bool:

@@ -32,6 +32,9 @@ def test_view_lists_every_run_with_its_figures_and_a_link_to_its_report(
     hostile.mkdir()
     (hostile / "results.json").write_text('{"episodes": [{"scenario": 7}]}')
     (runs / "not-a-run").mkdir()  # neither results nor report: not listed
+    # what `rootbench rejudge` recorded of the good run; a damaged record of the other
+    (good / "rejudged.json").write_text(json.dumps({"confirmed": 7, "episodes": 8}))
+    (hostile / "rejudged.json").write_text(json.dumps({"confirmed": 9, "episodes": 8}))
 
     r = cli("view", str(runs), "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -47,7 +50,8 @@ def test_view_lists_every_run_with_its_figures_and_a_link_to_its_report(
     overall = summarize(episodes).overall
     row = index_row(good, runs.resolve())
     assert row.episodes == len(episodes) > 0 and row.pass_at_1 == overall.pass_at_1 == 1.0
-    assert row.agent == "oracle" and row.what == "bench"
+    assert row.agent == "oracle" and row.what == "bench" and row.rejudged == "7/8 confirmed"
+    assert page.count("confirmed</td>") == 1  # 9 of 8 is no record: its row says "-"
     assert f">{overall.pass_at_1:.2f}<" in page
     # one link, to the one report there is; the hostile name is text, not markup
     assert re.findall(r'href="([^"]*)"', page) == ["20261201-101010-bench/report.html"]
