@@ -1,7 +1,7 @@
 """``rootbench rejudge`` on real VMs: a recorded result is confirmed, a forged one is not (#49 item 10).
 
-Two committed model runs of ssh-stopped (the 0.5B's fail, the 1.5B's pass) and
-a forgery: another of the 0.5B's failing runs with its verdict line rewritten
+Two committed model runs (the 0.5B's fail of ssh-stopped, the 1.5B's pass of
+site-config-renamed, both short) and a forgery: another of the 0.5B's failing runs with its verdict line rewritten
 to ``pass``, as someone would to claim a result. Rejudging replays each run's
 recorded replies on a fresh VM and judges the machine: the two genuine verdicts
 are confirmed, the forged one is not, the command exits 1, and the record
@@ -27,7 +27,8 @@ LIVE = repo_root() / "recordings" / "live"
 @pytest.mark.vm
 def test_rejudge_confirms_recorded_verdicts_and_refuses_a_forged_one(cli: Cli, tmp_path: Path) -> None:
     shutil.copyfile(LIVE / "qwen2.5-coder-0.5b-json" / "ssh-stopped.r0.jsonl", tmp_path / "a-fail.jsonl")
-    shutil.copyfile(LIVE / "qwen2.5-coder-1.5b-json" / "ssh-stopped.r0.jsonl", tmp_path / "b-pass.jsonl")
+    shutil.copyfile(LIVE / "qwen2.5-coder-1.5b-json" / "site-config-renamed.r0.h3.jsonl",
+                    tmp_path / "b-pass.jsonl")
     lines = (LIVE / "qwen2.5-coder-0.5b-json" / "ssh-stopped.r0.h1.jsonl").read_text().splitlines()
     verdict = json.loads(lines[-1])
     assert verdict["verdict"] == "fail"
