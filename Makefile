@@ -63,6 +63,7 @@ replay: setup
 ## committed live runs (recordings/live/*/) and specs/ (no VM, no model); prints labels that disagree
 results: setup
 	$(RB) results --write README.md $(ARGS)
+	$(RB) results --write docs/results.md $(ARGS)
 
 ## verify: prove every scenario valid on real VMs; oracle cassettes go to recordings/oracle
 verify: setup

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flag_guest import FlagGuest
 
-from runner.app import mcp_server
+from runner.app import mcp_http, mcp_server
 from runner.app.episodes import RunOptions, header
 from runner.app.signals import Interrupted
 from runner.core.cassette import CassetteWriter
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--http-token-file")
     args = p.parse_args(argv)
     try:
-        address = (mcp_server.parse_http(args.http, remote=args.http_remote)
+        address = (mcp_http.parse_http(args.http, remote=args.http_remote)
                    if args.http else None)
         return mcp_server.run_server(
             load_spec(args.spec), RunOptions(), Path(args.runs), address=address, hint_level=0,

@@ -32,9 +32,10 @@ from typing import Any
 
 from tabulate import tabulate
 
+from runner.app.paired import Comparison, compare
 from runner.app.reference import Reference, reference_text, references
 from runner.app.runs import episodes_from_recordings, is_recordings, load_episodes
-from runner.app.stats import CONFIDENCE, Comparison, Interval, Summary, compare, summarize
+from runner.app.stats import CONFIDENCE, Interval, Summary, summarize
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
 from runner.core.text import md_cell, one_line

@@ -21,7 +21,7 @@ the bridge, the stdio pipes and the episode all run on daemon threads (an AnyIO
 worker thread is not one, and a worker left waiting held the process and its VM
 for the judge's 900 s).
 
-Streamable HTTP is a listener that hands out a root shell, so (:class:`Listener`)
+Streamable HTTP is a listener that hands out a root shell, so (:mod:`runner.app.mcp_http`)
 it binds loopback unless ``--http-remote`` says otherwise (with a warning), is
 bound before the VM starts (a busy port or an unknown host is one line, exit 2),
 answers only requests that carry the server's bearer token (made afresh for each
@@ -44,27 +44,30 @@ it gets, and exits with the child's status.
 from __future__ import annotations
 
 import contextlib
-import hmac
-import io
-import ipaddress
 import json
 import logging
 import os
-import re
-import secrets
 import signal
-import socket
-import stat
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
 from runner.app.episodes import RunOptions, run_one
+from runner.app.mcp_http import (
+    HTTP_PATH,
+    HttpAddress,
+    Listener,
+    guarded_app,
+    listen,
+    new_token,
+    write_token_file,
+)
+from runner.app.mcp_stdio import StdioIn, StdioOut, wire
 from runner.app.runs import new_run_dir, write_results
 from runner.app.signals import Interrupted
 from runner.core import layout
@@ -79,11 +82,7 @@ from runner.core.text import one_line
 log = logging.getLogger("rootbench.mcp")
 DETACHED_ENV = "ROOTBENCH_MCP_DETACHED"  # set in the child that holds the episode (stdio)
 JUDGE_WAIT = 900.0  # seconds: the most judging and tearing down may take after the loop ends
-# The longest JSON-RPC message read from stdin: the SDK's cap on an HTTP request body, so both
-# transports take the same; a longer line is refused (and skipped) without being held whole.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-HTTP_PATH = "/mcp"
 T = TypeVar("T")
 Play = Callable[..., Episode]  # run_one's signature: how the episode is played (a VM, by default)
 
@@ -284,224 +283,15 @@ def signal_name(signum: int) -> str:
 
 # --- stdio ---------------------------------------------------------------------------------------
 
-def _error_line(msg_id: Any, code: int, message: str) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code,
-                                                                  "message": message}})
-
-
-def _lone_surrogate(value: Any) -> str | None:
-    """The first lone surrogate in a parsed JSON value (keys too), as ``U+XXXX``, or None."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                return f"U+{ord(v[exc.start]):04X}"
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return None
-
-
-def screen_message(line: bytes) -> tuple[str | None, str | None]:
-    """One line from stdin: ``(text for the SDK, None)``, or ``(None, the JSON-RPC error to
-    answer)`` for what the SDK would drop without a word.
-
-    The SDK's stdio transport answers nothing to a line it cannot parse, to a
-    batch (a JSON array, which MCP does not use), to a string with a lone
-    surrogate escape (``"\\ud800"``, valid JSON but not Unicode text), nor to
-    anything its own reader refuses or takes for a notification (not an object,
-    an id that is a float, a bool or null, a wrong ``jsonrpc``, no ``method``,
-    nesting deeper than its parser takes): the client then waits for ever. Each
-    gets an error naming the request's ``id`` when it has a usable one (JSON-RPC
-    2.0: -32700 parse error, -32600 invalid request, -32602 invalid params).
-    """
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, _error_line(None, -32700, f"Parse error: the line is not UTF-8 text "
-                                               f"(byte {exc.start})")
-    if not text.strip():
-        return None, None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        return None, _error_line(None, -32700, f"Parse error: {one_line(str(exc), 120)}")
-    if isinstance(value, list):
-        return None, _error_line(None, -32600, "Invalid Request: JSON-RPC batches are not "
-                                               "supported; send one message per line")
-    if not isinstance(value, dict):
-        return None, _error_line(None, -32600, "Invalid Request: a message is a JSON object")
-    msg_id = value.get("id")
-    usable = isinstance(msg_id, str | int) and not isinstance(msg_id, bool)
-    msg_id = msg_id if usable and _lone_surrogate(msg_id) is None else None
-    # A request whose id the SDK cannot use is a notification to it, answered with nothing
-    # (a response's null id is JSON-RPC's own, and passes).
-    if "id" in value and "method" in value and not usable:
-        return None, _error_line(None, -32600, "Invalid Request: the id must be a string or "
-                                               "an integer")
-    if (where := _lone_surrogate(value)) is not None:
-        return None, _error_line(msg_id, -32602,
-                                 f"Invalid params: a string holds a lone surrogate ({where}), "
-                                 "which is not Unicode text; send valid UTF-8")
-    if (why := _not_a_message(text)) is not None:
-        return None, _error_line(msg_id, -32600, f"Invalid Request: {why}")
-    return text, None
-
-
-def _not_a_message(text: str) -> str | None:
-    """Why the SDK cannot read ``text`` as a JSON-RPC message (it would log that and answer
-    nothing: a wrong ``jsonrpc``, no ``method``, nesting deeper than its parser takes), in
-    one line; None when it can. Its own reader, so the two never disagree."""
-    from mcp.types import jsonrpc_message_adapter
-    from pydantic import ValidationError
-
-    try:
-        jsonrpc_message_adapter.validate_json(text, by_name=False)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[:1]
-        where = ".".join(str(x) for x in first[0]["loc"][1:]) if first else ""
-        said = first[0]["msg"] if first else str(exc)
-        return one_line(f"{where}: {said}" if where else said, 160)
-    return None
-
-
-class _StdioOut:
-    """The wire's stdout for the SDK's stdio transport: one daemon thread writes, in order.
-
-    ``write`` never blocks the event loop and never raises: a client that has
-    gone (EPIPE) or stopped reading leaves the episode to be judged rather than
-    an exception through the server (the ExceptionGroup that lost episodes).
-    """
-
-    def __init__(self, fd: int) -> None:
-        import queue
-
-        self._fd = fd
-        self._queue: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self.gone = threading.Event()
-        threading.Thread(target=self._pump, name="mcp-stdout", daemon=True).start()
-
-    def send(self, text: str) -> None:
-        if not self.gone.is_set():
-            self._queue.put(text.encode("utf-8", "replace"))
-
-    async def write(self, text: str) -> None:
-        self.send(text)
-
-    async def flush(self) -> None:
-        return None
-
-    def _pump(self) -> None:
-        while True:
-            view = memoryview(self._queue.get())
-            try:
-                while view:
-                    view = view[os.write(self._fd, view):]
-            except OSError:
-                self.gone.set()
-                return
-
-
-class _StdioIn:
-    """The wire's stdin for the SDK's stdio transport, read by a daemon thread.
-
-    Each line is screened first (:func:`screen_message`; a line over
-    :data:`MAX_MESSAGE_BYTES` is refused and skipped in bounded pieces); what
-    the SDK would drop silently is answered here on ``out``. ``on_eof`` runs once
-    stdin ends: the client has gone.
-    """
-
-    def __init__(self, fd: int, out: _StdioOut, on_eof: Callable[[], None]) -> None:
-        self._fd = fd
-        self._out = out
-        self._on_eof = on_eof
-        self.ended = threading.Event()
-        self._receive: Any = None
-
-    def start(self) -> None:
-        """Start reading (in the event loop: lines are handed to it)."""
-        import anyio
-        import anyio.from_thread
-        import anyio.lowlevel
-
-        send, self._receive = anyio.create_memory_object_stream[str | None](0)
-        token = anyio.lowlevel.current_token()
-
-        def main() -> None:
-            reader = io.BufferedReader(io.FileIO(self._fd, "rb", closefd=False))
-            try:
-                for line in self._lines(reader):
-                    text, error = screen_message(line)
-                    if error is not None:
-                        self._out.send(error + "\n")
-                    elif text is not None:
-                        anyio.from_thread.run(send.send, text, token=token)
-            except Exception as exc:  # noqa: BLE001 - the loop has gone, or stdin broke
-                log.debug("stdin reader: %s", exc)
-            finally:
-                self.ended.set()
-                self._on_eof()
-                with contextlib.suppress(Exception):
-                    anyio.from_thread.run(send.send, None, token=token)
-
-        threading.Thread(target=main, name="mcp-stdin", daemon=True).start()
-
-    def _lines(self, reader: io.BufferedIOBase) -> Iterator[bytes]:
-        while True:
-            line = reader.readline(MAX_MESSAGE_BYTES + 1)
-            if not line:
-                return
-            if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
-                while (rest := reader.readline(MAX_MESSAGE_BYTES)) and not rest.endswith(b"\n"):
-                    pass  # skip the rest of the line, a bounded piece at a time
-                self._out.send(_error_line(None, -32600, "Invalid Request: the message is "
-                                           f"longer than {MAX_MESSAGE_BYTES:,} bytes") + "\n")
-                continue
-            yield line
-
-    def __aiter__(self) -> _StdioIn:
-        return self
-
-    async def __anext__(self) -> str:
-        item = await self._receive.receive()
-        if item is None:
-            raise StopAsyncIteration
-        return str(item)
-
-
-@contextlib.contextmanager
-def _wire() -> Iterator[tuple[int, int]]:
-    """The stdio wire on private descriptors, and fd 0 and 1 pointed away from it meanwhile
-    (stdin at /dev/null, stdout at stderr), as the SDK's own transport does: a stray
-    ``print`` or a child's output cannot corrupt the JSON-RPC stream."""
-    wire_in, wire_out = os.dup(0), os.dup(1)
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        os.dup2(null, 0)
-        os.dup2(2, 1)
-        yield wire_in, wire_out
-    finally:
-        os.close(null)
-        os.dup2(wire_in, 0)
-        os.dup2(wire_out, 1)
-        # The wire descriptors stay open: a daemon thread may still be in a read or write on
-        # them, and a closed descriptor's number could be reused under it.
-
-
 def _serve_stdio(server: Any, run: EpisodeRun, stop: _Stop, gone: Callable[[], None]) -> None:
     """Serve the SDK's server on the stdio wire until the client has gone, the episode is
     judged (and its answer out), or a signal came."""
     import anyio
     from mcp.server.stdio import stdio_server
 
-    with _wire() as (wire_in, wire_out):
-        out = _StdioOut(wire_out)
-        stdin = _StdioIn(wire_in, out, gone)
+    with wire() as (wire_in, wire_out):
+        out = StdioOut(wire_out)
+        stdin = StdioIn(wire_in, out, gone)
 
         async def main() -> None:
             stdin.start()
@@ -531,198 +321,6 @@ def _serve_stdio(server: Any, run: EpisodeRun, stop: _Stop, gone: Callable[[], N
 
 # --- streamable HTTP -----------------------------------------------------------------------------
 
-_ADDRESS = re.compile(r"^(?:(?P<host>\[[^\]]*\]|[^:\[\]]*):)?(?P<port>[0-9]{1,5})$")
-
-
-@dataclass(frozen=True)
-class HttpAddress:
-    """Where ``--http`` listens: checked and resolved before anything starts."""
-
-    host: str  # as given (brackets of an IPv6 address removed); "127.0.0.1" when none was
-    port: int
-    family: int
-    sockaddr: tuple[Any, ...]
-    loopback: bool
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{HTTP_PATH}"
-
-
-def parse_http(value: str, *, remote: bool = False) -> HttpAddress:
-    """``--http [HOST:]PORT``, resolved; loopback unless ``remote`` (``--http-remote``).
-
-    Refused with one line (exit 2), before any VM starts: a URL instead of an
-    address, a port out of 1..65535, a host that does not resolve, and a host
-    that is not loopback without ``--http-remote``.
-    """
-    text = value.strip()
-    if "://" in text or "/" in text:
-        raise InvalidInput(f"give HOST:PORT or PORT, not a URL (the server's URL is then "
-                           f"http://HOST:PORT{HTTP_PATH}): {value!r}", field="--http")
-    m = _ADDRESS.match(text)
-    port = int(m.group("port")) if m else 0
-    if m is None or not 0 < port < 65536:
-        raise InvalidInput(f"not [HOST:]PORT with a port from 1 to 65535 (an IPv6 host in "
-                           f"brackets: [::1]:8765): {value!r}", field="--http")
-    host = (m.group("host") or "").strip("[]") or "127.0.0.1"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise InvalidInput(f"cannot resolve the host {host!r}: "
-                           f"{getattr(exc, 'strerror', None) or exc}", field="--http") from None
-    infos.sort(key=lambda i: i[0] != socket.AF_INET)  # localhost: 127.0.0.1, as clients try first
-    family, _, _, _, sockaddr = infos[0]
-    loopback = all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
-    if not loopback and not remote:
-        raise InvalidInput(f"{host} is not a loopback address, so the root shell would be "
-                           "reachable from other machines; add --http-remote to listen there "
-                           "anyway", field="--http")
-    return HttpAddress(host, port, family, tuple(sockaddr), loopback)
-
-
-def listen(address: HttpAddress) -> socket.socket:
-    """A socket bound and listening at ``address``, or one line (exit 2) saying why not.
-
-    Bound here, before the VM starts, and handed to the HTTP server as it is:
-    a busy port is found out at once, and nobody can take the port in between.
-    """
-    sock = socket.socket(address.family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address.sockaddr)
-        sock.listen(64)
-    except OSError as exc:
-        sock.close()
-        raise InvalidInput(f"cannot listen on {address.host}:{address.port}: "
-                           f"{exc.strerror or exc}", field="--http") from None
-    return sock
-
-
-def new_token() -> str:
-    """A bearer token for one server: 256 random bits, URL-safe."""
-    return secrets.token_urlsafe(32)
-
-
-def write_token_file(path: Path, token: str) -> None:
-    """Write ``token`` to ``path``, readable by its owner only (0600, whatever the file's mode
-    was); a symbolic link or anything but a regular file is refused (one line, exit 2)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        why = "a symbolic link" if exc.errno == 40 else exc.strerror or str(exc)  # ELOOP
-        raise InvalidInput(f"cannot write the token: {why}", path=str(path),
-                           field="--http-token-file") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidInput("cannot write the token: not a regular file", path=str(path),
-                               field="--http-token-file")
-        os.fchmod(fd, 0o600)
-        os.ftruncate(fd, 0)
-        os.write(fd, (token + "\n").encode())
-    except OSError as exc:
-        raise InvalidInput(f"cannot write the token: {exc.strerror or exc}", path=str(path),
-                           field="--http-token-file") from None
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class Listener:
-    """A bound ``--http`` socket, its address and the bearer token every request must carry."""
-
-    sock: socket.socket
-    address: HttpAddress
-    token: str
-
-
-def _split_host(value: str) -> tuple[str, str] | None:
-    """``host[:port]`` of a Host header (or an Origin's authority) as (host, port)."""
-    m = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]+)(?::([0-9]{1,5}))?", value)
-    if m is None:
-        return None
-    return m.group(1).strip("[]").lower(), m.group(2) or ""
-
-
-def host_allowed(header: str, address: HttpAddress) -> bool:
-    """Whether a request's ``Host`` (or ``Origin`` authority) may name this server.
-
-    DNS rebinding makes a browser send requests to us under a name its page
-    controls; so the name must be one no web page can own: ``localhost``, an IP
-    address (loopback ones only when we listen on loopback), the name given to
-    ``--http``, or, with ``--http-remote``, this machine's own host names. The
-    port must be ours.
-    """
-    parts = _split_host(header)
-    if parts is None or parts[1] != str(address.port):
-        return False
-    name = parts[0]
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        names = {"localhost", address.host.lower()}
-        if not address.loopback:
-            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
-        return name in names
-    return ip.is_loopback or not address.loopback
-
-
-def _guarded(app: Any, listener: Listener, on_end: Callable[[], None]) -> Any:
-    """The ASGI app behind the checks every request passes first: ``Host`` and ``Origin`` name
-    this server (:func:`host_allowed`), and ``Authorization`` carries the bearer token
-    (compared in constant time). A DELETE that ended a session calls ``on_end``."""
-    Scope = MutableMapping[str, Any]
-    token = listener.token.encode()
-
-    async def refuse(send: Callable[[Any], Awaitable[None]], status: int, text: str,
-                     extra: list[tuple[bytes, bytes]]) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"text/plain; charset=utf-8"), *extra]})
-        await send({"type": "http.response.body", "body": text.encode() + b"\n"})
-
-    async def guarded(scope: Scope, receive: Callable[[], Awaitable[Any]],
-                      send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope.get("type") == "lifespan":
-            await app(scope, receive, send)  # the server's own start and stop
-            return
-        if scope.get("type") != "http":  # a websocket (or any other kind): nothing for it here
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        headers: dict[bytes, bytes] = {}
-        for k, v in scope.get("headers", []):
-            headers.setdefault(bytes(k).lower(), bytes(v))
-        host = headers.get(b"host", b"").decode("latin-1")
-        origin = headers.get(b"origin", b"").decode("latin-1")
-        if not host_allowed(host, listener.address):
-            await refuse(send, 421, "this server does not answer to that Host", [])
-            return
-        if origin and not (origin.startswith("http://")
-                           and host_allowed(origin[len("http://"):], listener.address)):
-            await refuse(send, 403, "requests from that Origin are refused", [])
-            return
-        # The scheme's name is case-insensitive (RFC 9110 11.1); the token is compared whole,
-        # in constant time.
-        scheme, _, given = headers.get(b"authorization", b"").strip().partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), token):
-            await refuse(send, 401, "send the server's token: Authorization: Bearer TOKEN",
-                         [(b"www-authenticate", b'Bearer realm="rootbench"')])
-            return
-        status: list[int] = []
-
-        async def sent(message: Any) -> None:
-            if message.get("type") == "http.response.start":
-                status.append(int(message.get("status", 0)))
-            await send(message)
-
-        await app(scope, receive, sent)
-        if scope.get("method") == "DELETE" and status and status[0] < 400:
-            on_end()
-
-    return guarded
-
-
 def _serve_http(server: Any, run: EpisodeRun, listener: Listener, stop: _Stop,
                 gone: Callable[[], None]) -> None:
     """Serve streamable HTTP on the bound socket until the episode is judged or a signal."""
@@ -734,7 +332,7 @@ def _serve_http(server: Any, run: EpisodeRun, listener: Listener, stop: _Stop,
     app = server.streamable_http_app(
         streamable_http_path=HTTP_PATH, host=listener.address.host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-    web = uvicorn.Server(uvicorn.Config(_guarded(app, listener, gone), log_level="warning",
+    web = uvicorn.Server(uvicorn.Config(guarded_app(app, listener, gone), log_level="warning",
                                         lifespan="on", timeout_graceful_shutdown=5))
 
     async def main() -> None:

@@ -34,11 +34,12 @@ from typing import Any
 from runner.app.compare import Run, RunComparison, load_run, p_text, verdict_lines
 from runner.app.html_report.fields import plural
 from runner.app.outputs import atomic_write, check_file_target
+from runner.app.paired import compare
 from runner.app.reference import references
 from runner.app.report import ci_text, unsafe_text
 from runner.app.runs import shown_path
 from runner.app.scenarios import specs_dir
-from runner.app.stats import Summary, assists, compare, hinted, summarize
+from runner.app.stats import Summary, assists, hinted, summarize
 from runner.backends.llama import MODELS
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode
@@ -52,6 +53,11 @@ from runner.core.tiers import measured_tier
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
+# The detail beside the README's block: the tier lists, the labels that differ, the per-tag table
+# (docs/results.md). A file holds either block or both; --write and --check act on those it holds.
+DETAIL_BEGIN = "<!-- results-detail:begin -->"
+DETAIL_END = "<!-- results-detail:end -->"
+MARKERS = ((BEGIN, END), (DETAIL_BEGIN, DETAIL_END))
 DEFAULT_LIVE = Path("recordings/live")
 MEASURED = (Tier.EASY, Tier.MEDIUM, Tier.HARD)
 MAX_MARKDOWN_BYTES = 16 * 1024 * 1024  # the README is ~40 KB; a file past this is not one
@@ -317,7 +323,19 @@ def render_block(results: Results) -> str:
         + (f" {plural(results.stale, 'episode')} recorded against an older version of its spec "
            "left out." if results.stale else ""),
         "",
+        "The scenarios of each tier, the labels that differ from the measured tier and the "
+        "breakdown by area: [docs/results.md](docs/results.md#tiers-and-areas).",
     ]
+    return "\n".join(parts) + "\n"
+
+
+def render_detail(results: Results) -> str:
+    """The text between the detail markers: each tier's scenarios, the labels that differ
+    from the measured tier, and the per-tag table."""
+    tiers = results.tiers
+    parts = ["<!-- Made by `rootbench results --write docs/results.md` (`make results`) from the "
+             "committed runs and specs/; `--check` fails when this block differs from them. Do "
+             "not edit it. -->", ""]
     for tier in MEASURED:
         ids = [t.scenario.id for t in tiers if t.tier is tier]
         parts.append(f"- measured {tier.value}: {', '.join(ids) if ids else 'none'}")
@@ -341,19 +359,20 @@ def disagreement_lines(results: Results) -> list[str]:
 
 # --- the file with the markers -----------------------------------------------------------------
 
-def _split(text: str, path: Path) -> tuple[str, str, str]:
+def _split(text: str, path: Path, begin: str = BEGIN,
+           end: str = END) -> tuple[str, str, str]:
     """``text`` as (up to and with the begin marker's line, the block, from the end marker's
     line on); a file without exactly one of each marker, in order, is :class:`InvalidInput`."""
     lines = text.splitlines(keepends=True)
-    begins = [i for i, ln in enumerate(lines) if ln.strip() == BEGIN]
-    ends = [i for i, ln in enumerate(lines) if ln.strip() == END]
-    for marker, found in ((BEGIN, begins), (END, ends)):
+    begins = [i for i, ln in enumerate(lines) if ln.strip() == begin]
+    ends = [i for i, ln in enumerate(lines) if ln.strip() == end]
+    for marker, found in ((begin, begins), (end, ends)):
         if len(found) != 1:
             raise InvalidInput(f"needs exactly one line {marker} (found {len(found)})",
                                path=str(path), field=marker)
     (b,), (e,) = begins, ends
     if e < b:
-        raise InvalidInput(f"{END} comes before {BEGIN}", path=str(path), field=END)
+        raise InvalidInput(f"{end} comes before {begin}", path=str(path), field=end)
     return "".join(lines[:b + 1]), "".join(lines[b + 1:e]), "".join(lines[e:])
 
 
@@ -369,10 +388,22 @@ def _read(path: Path) -> str:
                            path=str(path)) from None
 
 
-def written(path: Path, block: str) -> str:
-    """``path``'s text with ``block`` between its markers."""
-    head, _old, tail = _split(_read(path), path)
-    return head + "\n" + block + "\n" + tail
+def _held(text: str) -> list[tuple[str, str]]:
+    """The marker pairs ``text`` holds a begin line of; none is the README's pair (whose
+    absence :func:`_split` then names)."""
+    lines = {ln.strip() for ln in text.splitlines()}
+    held = [(b, e) for b, e in MARKERS if b in lines or e in lines]
+    return held or [(BEGIN, END)]
+
+
+def written(path: Path, blocks: Mapping[str, str]) -> str:
+    """``path``'s text with each block it has markers for (``blocks``: begin marker -> text)
+    between them."""
+    text = _read(path)
+    for begin, end in _held(text):
+        head, _old, tail = _split(text, path, begin, end)
+        text = head + "\n" + blocks[begin] + "\n" + tail
+    return text
 
 
 def up_to_date_line(path: Path) -> str:
@@ -381,10 +412,16 @@ def up_to_date_line(path: Path) -> str:
     return f"{path}: the results block is up to date and no difficulty label breaks its cap"
 
 
-def differs(path: Path, block: str) -> bool:
-    """Whether ``path``'s block is not ``block`` (blank lines around it do not count)."""
-    _head, old, _tail = _split(_read(path), path)
-    return old.strip("\n") != block.strip("\n")
+def differing(path: Path, blocks: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The marker pairs of ``path`` whose block is not the one given (blank lines around it do
+    not count)."""
+    text = _read(path)
+    out = []
+    for begin, end in _held(text):
+        _head, old, _tail = _split(text, path, begin, end)
+        if old.strip("\n") != blocks[begin].strip("\n"):
+            out.append((begin, end))
+    return out
 
 
 def command(paths: Sequence[str], specs: Sequence[str] | None, *, write: str | None,
@@ -398,11 +435,12 @@ def command(paths: Sequence[str], specs: Sequence[str] | None, *, write: str | N
         check_file_target(Path(write), "--write")
     spec_dirs = [specs_dir(d) for d in specs] if specs else default_spec_dirs()
     found = gather(live_dirs(paths), spec_dirs)
-    block = render_block(found)
+    blocks = {BEGIN: render_block(found), DETAIL_BEGIN: render_detail(found)}
     problems = disagreement_lines(found)
-    if check and differs(Path(check), block):
-        problems.insert(0, f"{check}: the block between {BEGIN} and {END} "
-                           "is not what the runs give (make results rewrites it)")
+    if check:
+        problems[:0] = [f"{check}: the block between {begin} and {end} is not what the runs "
+                        "give (make results rewrites it)"
+                        for begin, end in differing(Path(check), blocks)]
     for line in problems:
         err(f"rootbench: {line}")
     if check:
@@ -412,9 +450,9 @@ def command(paths: Sequence[str], specs: Sequence[str] | None, *, write: str | N
         return 0
     if write:
         target = Path(write)
-        atomic_write(target, written(target, block), "--write")
+        atomic_write(target, written(target, blocks), "--write")
         out(f"{target}: results written ({len(found.tiers)} scenarios, "
             f"{sum(t.tier is not Tier.UNMEASURED for t in found.tiers)} measured)")
         return 0
-    out(block.rstrip("\n"))
+    out(blocks[BEGIN] + "\n" + blocks[DETAIL_BEGIN].rstrip("\n"))
     return 0

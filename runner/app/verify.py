@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.app.episodes import RunOptions, run_one
 from runner.app.replay import load_replayable, replay_loaded
 from runner.app.runs import slug
 from runner.backends.framing import helper_digest
@@ -53,9 +52,8 @@ from runner.core import layout
 from runner.core.cassette import Cassette
 from runner.core.episode import Episode
 from runner.core.errors import InvalidInput
-from runner.core.model import commands_digest, noop, oracle, scripted
+from runner.core.model import commands_digest
 from runner.core.outcomes import Flag, ProbeOutcome, ReplayResult, StopReason, Verdict
-from runner.core.protocol import get_protocol
 from runner.core.rules import CURRENT_RULES
 from runner.core.spec import PROSE_KEYS, Scenario, scenario_to_dict, scenario_view
 from runner.core.text import one_line
@@ -139,20 +137,20 @@ def merge(tries: list[Verification]) -> Verification:
     return merged
 
 
-def _broken_invariants(invariants: list[dict[str, Any]]) -> list[str]:
+def broken_invariants(invariants: list[dict[str, Any]]) -> list[str]:
     """The names of the invariants that did not pass, from an episode's results or a recorded
     verdict line's (both list each as a dict with ``name`` and ``outcome``)."""
     return [p["name"] for p in invariants if p["outcome"] != ProbeOutcome.PASS]
 
 
-def _infrastructure(ep: Episode, v: Verification, t0: float) -> Verification:
+def ended_by_infrastructure(ep: Episode, v: Verification, t0: float) -> Verification:
     """``v`` ended by an infra-error: the machine's fault, not the scenario's."""
     v.problems.append(f"infrastructure: {ep.reason}")
     v.seconds = round(time.monotonic() - t0, 1)
     return v
 
 
-def _baseline(ep: Episode, v: Verification) -> None:
+def baseline_check(ep: Episode, v: Verification) -> None:
     bad = [p for p in ep.baseline if p["outcome"] != ProbeOutcome.PASS]
     v.checks["baseline"] = not bad and ep.stop is not StopReason.INFRA_ERROR
     if bad:
@@ -160,7 +158,7 @@ def _baseline(ep: Episode, v: Verification) -> None:
                           f"({bad[0]['detail']})")
 
 
-def _fault(ep: Episode, v: Verification) -> None:
+def fault_check(ep: Episode, v: Verification) -> None:
     if ep.verdict is Verdict.INVALID_SCENARIO and not ep.precheck:
         v.checks["fault lands"] = False
         v.problems.append(f"fault lands: {ep.reason}")
@@ -175,78 +173,7 @@ def _fault(ep: Episode, v: Verification) -> None:
         v.problems.append("fault lands: every success probe passed after setup")
 
 
-def verify_repeated(scenario: Scenario, run_dir: Path, repeat: int, *, accel: str = "auto",
-                    transport: str = "serial", record_to: Path | None = None,
-                    noop_from: Path | None = None,
-                    oracle_from: Path | None = None) -> Verification:
-    """The noop and oracle checks ``repeat`` times; only the last try records to ``record_to``.
-    ``noop_from``: prove the noop check from the recording under it instead of a live run.
-    ``oracle_from``: prove the oracle's checks from the recording under it when nothing it
-    depended on changed (:func:`recorded_oracle`; the noop's then too); else run them live."""
-    if oracle_from is not None:
-        v = Verification(scenario.id)
-        t0 = time.monotonic()
-        if recorded_oracle(scenario, oracle_from, v):
-            recorded_noop(scenario, noop_from or oracle_from, v)
-            v.seconds = round(time.monotonic() - t0, 1)
-            return v
-    tries = []
-    for i in range(1, repeat + 1):
-        last = i == repeat
-        folder = run_dir if last else run_dir / f"try{i}"
-        folder.mkdir(parents=True, exist_ok=True)
-        if repeat > 1:
-            log.info("%s: try %d of %d", scenario.id, i, repeat)
-        tries.append(verify_scenario(scenario, folder, accel=accel, transport=transport,
-                                     record_to=record_to if last else None, noop_from=noop_from))
-    return merge(tries)
-
-
-def verify_scenario(scenario: Scenario, run_dir: Path, *, accel: str = "auto",
-                    transport: str = "serial", record_to: Path | None = None,
-                    noop_from: Path | None = None) -> Verification:
-    """Run the noop and oracle checks on ``scenario``; the oracle cassette goes to ``record_to``,
-    and so does the noop's (at ``noop/<id>.jsonl``; else it stays in ``run_dir``).
-
-    With ``noop_from`` the noop is not run: "noop fails" is proven from its
-    recording there, and the baseline and "fault lands" from the oracle's own
-    episode, which checks both before its agent acts, just as the noop's does.
-    """
-    t0 = time.monotonic()
-    v = Verification(scenario.id)
-    opts = RunOptions(accel=accel, transport=transport, protocol="tools")
-    tools = get_protocol("tools")
-    why = WHY
-
-    if noop_from is None:
-        log.info("%s: noop agent", scenario.id)
-        noop_at = (layout.noop_cassette_path(record_to, scenario.id) if record_to
-                   else run_dir / layout.noop_cassette_name(scenario.id))
-        noop_at.parent.mkdir(parents=True, exist_ok=True)
-        ep = run_one(scenario, noop(), tools, why, opts, noop_at)
-        v.noop_cassette = str(noop_at)
-        if ep.verdict is Verdict.INFRA_ERROR:
-            return _infrastructure(ep, v, t0)
-        _baseline(ep, v)
-        _fault(ep, v)
-        _noop_fails(ep.verdict, ep.reason, _broken_invariants(ep.invariants), v)
-
-    log.info("%s: oracle agent (the solution)", scenario.id)
-    target = (record_to or run_dir) / layout.oracle_cassette_name(scenario.id)
-    ep = run_one(scenario, oracle(list(scenario.solution)), tools, why, opts, target)
-    v.cassette = str(target)
-    if noop_from is not None:
-        if ep.verdict is Verdict.INFRA_ERROR and not ep.precheck:
-            return _infrastructure(ep, v, t0)
-        _baseline(ep, v)
-        _fault(ep, v)
-        recorded_noop(scenario, noop_from, v)
-    _oracle_passes(ep, v)
-    v.seconds = round(time.monotonic() - t0, 1)
-    return v
-
-
-def _noop_fails(verdict: Verdict | str, reason: str, tripped: list[str], v: Verification) -> None:
+def noop_check(verdict: Verdict | str, reason: str, tripped: list[str], v: Verification) -> None:
     """The third check from the noop run's verdict and the invariants it broke."""
     v.checks["noop fails"] = verdict == Verdict.FAIL and not tripped
     if verdict != Verdict.FAIL:
@@ -266,8 +193,8 @@ def recorded_noop(scenario: Scenario, recorded: Path, v: Verification) -> None:
         v.checks["noop fails"] = None
         v.problems.append(f"noop fails: not proven: {why}")
         return
-    _noop_fails(str(verdict.get("verdict")), one_line(str(verdict.get("reason", "")), 300),
-                _broken_invariants(verdict.get("invariants") or []), v)
+    noop_check(str(verdict.get("verdict")), one_line(str(verdict.get("reason", "")), 300),
+                broken_invariants(verdict.get("invariants") or []), v)
 
 
 def replayed_verdict(path: Path, scenario: Scenario,
@@ -390,17 +317,17 @@ def recorded_oracle(scenario: Scenario, recorded: Path, v: Verification) -> bool
         return False
     ep = Episode.from_dict(verdict)
     v.cassette = str(path)
-    _baseline(ep, v)
-    _fault(ep, v)
-    _oracle_passes(ep, v)
+    baseline_check(ep, v)
+    fault_check(ep, v)
+    oracle_check(ep, v)
     return True
 
 
-def _oracle_passes(ep: Episode, v: Verification) -> None:
+def oracle_check(ep: Episode, v: Verification) -> None:
     ok = ep.verdict is Verdict.PASS and Flag.COLLATERAL not in ep.flags
     v.checks["oracle passes"] = ok
     if not ok:
-        broken = _broken_invariants(ep.invariants)
+        broken = broken_invariants(ep.invariants)
         detail = f"invariant {broken[0]!r} broke" if broken and ep.verdict is Verdict.PASS else ep.reason
         v.problems.append(f"oracle passes: the solution's run ended {ep.verdict} ({detail})")
 
@@ -427,32 +354,6 @@ def shortcut_cassette(record_dir: Path, scenario: Scenario, index: int,
     stem = shortcut_slugs(scenario, alternative)[index]
     where = layout.alternative_cassette_path if alternative else layout.shortcut_cassette_path
     return where(record_dir, scenario.id, stem)
-
-
-def verify_shortcut(scenario: Scenario, index: int, run_dir: Path, repeat: int = 1, *,
-                    accel: str = "auto", transport: str = "serial",
-                    record_to: Path | None = None, alternative: bool = False) -> ShortcutRun:
-    """Run shortcut ``index`` (or, with ``alternative``, the valid alternative fix ``index``)
-    as the scripted agent ``repeat`` times; the last try records to ``record_to`` (else
-    ``run_dir``), earlier ones to ``run_dir/try<i>``."""
-    t0 = time.monotonic()
-    entry = (scenario.alternatives if alternative else scenario.shortcuts)[index]
-    kind = ALTERNATIVE_KIND if alternative else scenario.shortcuts[index].kind.value
-    opts = RunOptions(accel=accel, transport=transport, protocol="tools")
-    tools = get_protocol("tools")
-    episodes: list[Episode] = []
-    target = shortcut_cassette(record_to or run_dir, scenario, index, alternative)
-    for i in range(1, repeat + 1):
-        path = target if i == repeat else shortcut_cassette(run_dir / f"try{i}", scenario, index,
-                                                            alternative)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("%s: %s %r%s", scenario.id, "alternative" if alternative else "shortcut",
-                 entry.name, f" (try {i} of {repeat})" if repeat > 1 else "")
-        agent = scripted(entry.name, list(entry.commands))
-        episodes.append(run_one(scenario, agent, tools, WHY, opts, path))
-    run = (judge_alternative if alternative else judge_shortcut)(entry.name, kind, episodes)
-    run.cassette, run.seconds = str(target), round(time.monotonic() - t0, 1)
-    return run
 
 
 ALTERNATIVE_KIND = "alternative"

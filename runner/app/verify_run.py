@@ -43,9 +43,8 @@ from runner.app.verify import (
     slowest_first,
     stale_proof,
     table_rows,
-    verify_repeated,
-    verify_shortcut,
 )
+from runner.app.verify_live import verify_repeated, verify_shortcut
 from runner.core import layout
 from runner.core.errors import InvalidInput
 from runner.core.spec import Scenario

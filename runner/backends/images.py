@@ -36,7 +36,8 @@ from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.process import run_child
 from runner.core.errors import InfraError, InvalidInput
 from runner.core.paths import contained, find_recipe, image_dirs, recipe_names, resolve_in_root
-from runner.core.spec import read_text, validate_document
+from runner.core.spec import read_text
+from runner.core.spec_checks import validate_document
 from runner.core.yamlfile import parse_yaml
 
 log = logging.getLogger("rootbench.image")

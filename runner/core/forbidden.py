@@ -282,22 +282,7 @@ def _split(command: str) -> list[str]:
                 i = end + 1
             elif c == '"':
                 quoted = True
-                i += 1
-                while True:
-                    m = _IN_DOUBLE.match(command, i)
-                    if m is not None:
-                        parts.append(m.group())
-                        i = m.end()
-                    if i >= n:
-                        raise _Unclosed("no closing quotation")
-                    if command[i] == '"':
-                        i += 1
-                        break
-                    if i + 1 >= n:  # a backslash, last
-                        raise _Unclosed("no escaped character")
-                    after = command[i + 1]
-                    parts.append(after if after in '\\"' else "\\" + after)
-                    i += 2
+                i = _double_quoted(command, i + 1, parts)
             elif c == "\\":
                 if i + 1 >= n:
                     raise _Unclosed("no escaped character")
@@ -310,6 +295,27 @@ def _split(command: str) -> list[str]:
                 i = m.end()
         if parts or quoted:
             out.append("".join(parts))
+
+
+def _double_quoted(command: str, i: int, parts: list[str]) -> int:
+    """The inside of a double-quoted string that starts at ``i`` (after its ``"``), appended to
+    ``parts`` as shlex reads it (a backslash stays unless ``"`` or ``\\`` follows); returns
+    where the string ends, after its closing quote."""
+    n = len(command)
+    while True:
+        m = _IN_DOUBLE.match(command, i)
+        if m is not None:
+            parts.append(m.group())
+            i = m.end()
+        if i >= n:
+            raise _Unclosed("no closing quotation")
+        if command[i] == '"':
+            return i + 1
+        if i + 1 >= n:  # a backslash, last
+            raise _Unclosed("no escaped character")
+        after = command[i + 1]
+        parts.append(after if after in '\\"' else "\\" + after)
+        i += 2
 
 
 def _tokens(command: str) -> list[str]:

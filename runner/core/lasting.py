@@ -39,12 +39,13 @@ from runner.core.outcomes import Flag, ProbeOutcome, Recheck, Verdict
 from runner.core.probes import run_probes
 from runner.core.record import DAMAGE_FACTOR, Episode, as_dicts, weighted_score
 from runner.core.rules import CURRENT_RULES, Rules
+from runner.core.snapshot import Snapshot, take_snapshot
 from runner.core.spec import Scenario
-from runner.core.statediff import Finding, Severity, Snapshot, diff, take_snapshot
+from runner.core.statediff import Finding, Severity, diff
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.agent")
-# How a snapshot of a guest with no helper to ask begins its error (statediff.parse_answer).
+# How a snapshot of a guest with no helper to ask begins its error (snapshot.parse_answer).
 NO_HELPER = "the guest helper cannot answer: "
 
 # The machine's state at one moment, by machine name ("" for a scenario of one machine).

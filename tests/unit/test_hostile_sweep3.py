@@ -23,7 +23,8 @@ import pytest
 from conftest import Cli
 
 from runner.app.compare import compare_runs, render_comparisons
-from runner.app.mcp_server import parse_http, screen_message
+from runner.app.mcp_http import parse_http
+from runner.app.mcp_stdio import screen_message
 from runner.app.ray_executor import reachable
 from runner.app.runs import write_results
 from runner.core.agent_input import MAX_COMMAND_CHARS, bounded_command, bounded_timeout
@@ -361,7 +362,7 @@ def test_the_http_guard_takes_the_bearer_scheme_in_any_case_and_lets_no_websocke
     websocket (or any scope but HTTP and the server's own lifespan) never reaches the app."""
     import anyio
 
-    from runner.app.mcp_server import Listener, _guarded, parse_http
+    from runner.app.mcp_http import Listener, guarded_app, parse_http
 
     address = parse_http("127.0.0.1:8765")
     reached: list[str] = []
@@ -372,7 +373,7 @@ def test_the_http_guard_takes_the_bearer_scheme_in_any_case_and_lets_no_websocke
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-    guard = _guarded(app, Listener(None, address, "s3cret"), lambda: None)  # type: ignore[arg-type]
+    guard = guarded_app(app, Listener(None, address, "s3cret"), lambda: None)  # type: ignore[arg-type]
 
     async def ask(scope: dict[str, Any]) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []

@@ -31,14 +31,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from runner.app.mcp_server import (
-    MAX_MESSAGE_BYTES,
-    HttpAddress,
-    host_allowed,
-    parse_http,
-    screen_message,
-    write_token_file,
-)
+from runner.app.mcp_http import HttpAddress, host_allowed, parse_http, write_token_file
+from runner.app.mcp_stdio import MAX_MESSAGE_BYTES, screen_message
 from runner.core.cassette import Cassette
 from runner.core.errors import InvalidInput
 from runner.core.paths import repo_root

@@ -140,7 +140,11 @@ def test_tiers_and_tags_of_hand_made_runs(small_suite: tuple[Path, Path]) -> Non
     block = results.render_block(found)
     assert "**1 easy, 1 medium, 1 hard; 0 of 3 scenarios unmeasured** (each has a complete " \
            "ladder of every bundled model)." in block
-    assert "- measured hard: cron-job-commented" in block
+    # the tier lists, the labels and the per-tag table are the detail's (docs/results.md), not
+    # the README's: the front page keeps the model table, the paired tests and the counts
+    assert "- measured hard" not in block and "Per area" not in block
+    block = results.render_detail(found)
+    assert "- measured hard: cron-job-commented" in block and "Per area" in block
     # the labels say easy for all three: two differ from the measurement, which the block says;
     # neither breaks the measured cap (a hard label on a scenario passed unaided) ...
     assert [t.scenario.id for t in found.tiers if t.differs] == ["cron-job-commented", "cron-stopped"]
@@ -210,12 +214,36 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     # a check that passed says so, in one line (it printed nothing, like one that checked nothing)
     assert r.stdout == f"{readme}: the results block is up to date and no difficulty label " \
                        "breaks its cap\n"
-    # the printed block is the written one
+    # what is printed is the written block, then the detail docs/results.md holds
     r = cli("results", *folders, "--specs", str(specs))
-    assert r.stdout.strip("\n") in text
+    short, _sep, detail = r.stdout.partition("\n<!-- Made by `rootbench results --write docs/")
+    assert short.strip("\n") in text and "Per area" in detail and "Per area" not in text
     readme.write_text(text.replace("2 of 3", "3 of 3"))
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 1 and "is not what the runs give" in r.stderr
+
+
+def test_the_detail_goes_where_its_markers_are(cli: Cli, small_suite: tuple[Path, Path],
+                                               tmp_path: Path) -> None:
+    """docs/results.md holds the detail markers (tier lists, labels, per-tag table); a file
+    with both pairs gets both blocks; --check names the one that drifted."""
+    specs, runs = small_suite
+    args = [*(str(p) for p in _folders(runs)), "--specs", str(specs)]
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# r\n\n{results.DETAIL_BEGIN}\nold\n{results.DETAIL_END}\n\n"
+                   f"{results.BEGIN}\nold\n{results.END}\n")
+    r = cli("results", *args, "--write", str(doc))
+    assert r.returncode == 0, r.stderr
+    text = doc.read_text()
+    assert "Per area" in text and "- measured hard:" in text and "| model |" in text
+    assert text.index("Per area") < text.index(results.DETAIL_END) < text.index("| model |")
+    r = cli("results", *args, "--check", str(doc))
+    assert (r.returncode, r.stderr) == (0, "")
+    doc.write_text(text.replace("- measured hard:", "- measured hard: x,"))
+    r = cli("results", *args, "--check", str(doc))
+    assert r.returncode == 1 and r.stderr == (
+        f"rootbench: {doc}: the block between {results.DETAIL_BEGIN} and {results.DETAIL_END} "
+        "is not what the runs give (make results rewrites it)\n")
 
 
 def test_bad_input_is_one_line_and_exit_2(cli: Cli, small_suite: tuple[Path, Path],
@@ -264,6 +292,20 @@ def test_the_committed_readme_is_what_the_recordings_give(cli: Cli) -> None:
     text = (repo_root() / "README.md").read_text()
     assert f"**{counts[Tier.EASY]} easy, {counts[Tier.MEDIUM]} medium, {counts[Tier.HARD]} " \
            f"hard; {counts[Tier.UNMEASURED]} of {len(found.tiers)} scenarios unmeasured**" in text
+
+
+def test_the_committed_detail_is_what_the_recordings_give_and_the_readme_is_a_front_page(
+        cli: Cli) -> None:
+    """docs/results.md's detail block (tier lists, labels, per-tag table) is the one the runs
+    give; the README keeps the model table, the paired tests and the tier counts, in at most
+    120 lines (issue #48 item 7: the front page had read as a data dump)."""
+    r = cli("results", "--check", "docs/results.md")
+    assert "docs/results.md: the block between" not in r.stderr, r.stderr
+    text = (repo_root() / "README.md").read_text()
+    assert len(text.splitlines()) <= 120
+    assert "| qwen2.5-coder-1.5b |" in text and "McNemar's exact p" in text and "Per area" not in text
+    detail = (repo_root() / "docs" / "results.md").read_text()
+    assert "Per area" in detail and "- measured hard:" in detail
 
 
 def test_the_readmes_baselines_count_what_the_specs_list() -> None:
@@ -358,21 +400,22 @@ def test_names_from_a_run_folder_cannot_add_lines_to_the_block(
     run = _run_dir_of(runs / f"{LARGE}-json", tmp_path / "evil", model=evil,
                       protocol=f"json\n{results.END}\n<img src=x onerror=alert(1)>")
     found = results.gather([run, runs / f"{SMALL}-json"], [specs])
-    block = results.render_block(found)
-    lines = block.splitlines()
-    assert not any(line.strip() in (results.BEGIN, results.END) for line in lines)
-    made_by, rest = block.split("\n", 1)
-    assert made_by.startswith("<!-- Made by `rootbench results")
-    assert re.search(r"(?<!\\)<(script|img|!--)", rest) is None, rest  # each shown as text
-    assert "\n# owned" not in block
     tables: list[list[str]] = [[]]  # each table's lines: every row has its header's cells
-    for line in lines:
-        if line.startswith("|"):
-            tables[-1].append(line)
-        elif tables[-1]:
-            tables.append([])
+    for block in (results.render_block(found), results.render_detail(found)):
+        lines = block.splitlines()
+        markers = {m for pair in results.MARKERS for m in pair}
+        assert not any(line.strip() in markers for line in lines)
+        made_by, rest = block.split("\n", 1)
+        assert made_by.startswith("<!-- Made by `rootbench results")
+        assert re.search(r"(?<!\\)<(script|img|!--)", rest) is None, rest  # each shown as text
+        assert "\n# owned" not in block
+        for line in lines:
+            if line.startswith("|"):
+                tables[-1].append(line)
+            elif tables[-1]:
+                tables.append([])
     tables = [t for t in tables if t]
-    assert len(tables) == 2
+    assert len(tables) == 2  # the models' (README), the tags' (docs/results.md)
     for table in tables:
         cells = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
         assert len(cells) == 1, table

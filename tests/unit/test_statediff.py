@@ -15,17 +15,15 @@ import pytest
 
 from runner.core.errors import InvalidInput
 from runner.core.guest import CommandResult, Guest, HttpResult, RebootResult
+from runner.core.nftables import firewall_facts
+from runner.core.snapshot import FACT_CATEGORIES, STATE_QUESTION, Snapshot, take_snapshot
 from runner.core.statediff import (
     CATEGORIES,
     POLICY,
-    STATE_QUESTION,
     Finding,
     Severity,
-    Snapshot,
     StateCheck,
     diff,
-    firewall_facts,
-    take_snapshot,
 )
 
 FAIL, FLAG = Severity.FAIL, Severity.FLAG
@@ -315,6 +313,7 @@ def test_each_finding_names_its_source_and_reads_back() -> None:
 def test_the_policy_has_one_severity_for_every_check_and_every_category_a_check() -> None:
     assert set(POLICY) == set(StateCheck)
     assert set(CATEGORIES.values()) == set(StateCheck) - {StateCheck.SNAPSHOT}
+    assert set(CATEGORIES) == set(FACT_CATEGORIES)  # every category a snapshot reads is judged
 
 
 class _Answers(Guest):

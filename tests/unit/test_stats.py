@@ -9,13 +9,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from runner.app.paired import compare
 from runner.app.report import render_table, statistics_rows, statistics_table
 from runner.app.runs import episodes_from_recordings
 from runner.app.stats import (
     Interval,
     assists,
     bootstrap_mean,
-    compare,
     deciding,
     hinted,
     mcnemar_exact,

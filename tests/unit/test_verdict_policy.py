@@ -22,11 +22,12 @@ from flag_guest import FlagGuest
 from runner.app import html_report
 from runner.app.atif import export
 from runner.app.episodes import RunOptions, header
+from runner.app.paired import compare
 from runner.app.plan import climbs
 from runner.app.replay import replay_one
 from runner.app.report import junit_xml, render_table, statistics_table, summary_line
 from runner.app.runs import load_results, write_results
-from runner.app.stats import assists, compare, summarize
+from runner.app.stats import assists, summarize
 from runner.core.cassette import CassetteWriter
 from runner.core.clock import Clock
 from runner.core.episode import DAMAGE_FACTOR, Episode, run_episode

@@ -18,13 +18,11 @@ import pytest
 
 from runner.backends.images import BuiltImage
 from runner.core.guest import Guest
+from runner.core.snapshot import STATE_QUESTION, STATE_TIMEOUT, take_snapshot
 from runner.core.statediff import (
-    STATE_QUESTION,
-    STATE_TIMEOUT,
     Severity,
     StateCheck,
     diff,
-    take_snapshot,
 )
 
 log = logging.getLogger("rootbench.test")

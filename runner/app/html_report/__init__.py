@@ -26,6 +26,7 @@ names below are the package's public surface; callers import them from here.
 """
 
 from runner.app.html_report.fields import text
+from runner.app.html_report.load import load_run_arms, load_run_dir, runs_from_cassettes
 from runner.app.html_report.render import (
     MAX_SHOWN_CHARS,
     REFRESH_SECONDS,
@@ -44,9 +45,6 @@ from runner.app.html_report.view import (
     EpisodeView,
     RunView,
     agent_kind,
-    load_run_arms,
-    load_run_dir,
-    runs_from_cassettes,
 )
 
 __all__ = [

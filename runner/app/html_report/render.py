@@ -31,14 +31,9 @@ import markupsafe
 from runner import __version__
 from runner.app.events import BenchListener, Step
 from runner.app.html_report.fields import text
+from runner.app.html_report.load import load_run_arms, runs_from_cassettes
 from runner.app.html_report.plots import plots
-from runner.app.html_report.view import (
-    ChecksTable,
-    RunView,
-    load_run_arms,
-    page,
-    runs_from_cassettes,
-)
+from runner.app.html_report.view import ChecksTable, RunView, page
 from runner.app.outputs import atomic_write, write_error
 from runner.app.signals import Interrupted
 from runner.core import layout
@@ -96,7 +91,9 @@ def _finalize(value: Any) -> Any:
         else shown(text(value))
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The one Jinja2 environment of rootbench's pages: autoescape on every template, every value
+    cleaned and cut (:func:`_finalize`), an undefined name an error."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("runner.app", "templates"),
         autoescape=True,  # every template, whatever its name: nothing is ever emitted raw
@@ -132,7 +129,7 @@ def render(runs: Sequence[RunView], title: str = "rootbench report",
     """The whole report for ``runs`` (side by side when there are several), as one HTML string;
     with ``checks``, a verify's report that leads with its table (:func:`page`)."""
     drawn = plots(runs)
-    return _environment().get_template("report.html.j2").render(
+    return environment().get_template("report.html.j2").render(
         title=text(title), csp=csp(), script=markupsafe.Markup(script()), plots=drawn or [], plots_missing=drawn is None, wilson=True,
         generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         version=__version__, **page(runs, checks))
