@@ -104,7 +104,17 @@ def _say_fallback(what: str, then: str) -> str:
 
 
 class Sandbox:
-    """One disposable VM with a ready guest. Use as a context manager."""
+    """One disposable VM with a ready guest. Use as a context manager.
+
+    What it raises, and nothing else: the constructor, :class:`~runner.core.errors.
+    InvalidInput` for a bad transport, accelerator, restore or nice value (before any
+    VM starts); entering, :class:`~runner.core.errors.VMError` (an
+    :class:`~runner.core.errors.InfraError`) when QEMU cannot start or the guest never
+    answers, after every way to come up was tried (KVM that cannot run this kernel falls
+    back to TCG, a snapshot that will not restore to a cold boot) and the half-made VM is
+    torn down. Leaving never raises for the VM's sake: teardown is best effort, bounded,
+    and kills QEMU. The guest it holds raises what :class:`~runner.core.guest.Guest` says.
+    """
 
     def __init__(self, image: str = "debian-12-nginx", *, accel: str = "auto",
                  transport: str = "serial", workdir: Path | str | None = None,

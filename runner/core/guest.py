@@ -54,15 +54,30 @@ class Guest(abc.ABC):
     calls, as in a real login. ``run_clean`` runs in a fresh, clean channel
     with a fixed PATH and no aliases, so nothing the agent defined can fool a
     probe or the fault's setup.
+
+    What an implementation may raise, and nothing else (as Inspect's sandbox
+    interface states its own): a command that fails, times out or prints too
+    much is a :class:`CommandResult` saying so, never an exception;
+    :class:`~runner.core.errors.GuestDown` when the channel itself is gone (the
+    VM stopped, the shell died: the run ends ``infra-error``, or judged as it
+    stands when the agent shut the guest down); and, for a replayed guest only,
+    :class:`~runner.core.errors.ReplayMismatch` when the run asks what the
+    cassette does not hold. ``host_http`` and ``alive`` never raise.
     """
 
     @abc.abstractmethod
     def exec(self, command: str, timeout: float, output_limit: int | None = None) -> CommandResult:
-        """Run ``command`` as root in the agent's shell; kill it at ``timeout`` seconds."""
+        """Run ``command`` as root in the agent's shell; kill it at ``timeout`` seconds.
+
+        Raises :class:`~runner.core.errors.GuestDown` when the shell is gone; a
+        command killed at its timeout is ``timed_out``, not an exception."""
 
     @abc.abstractmethod
     def run_clean(self, command: str, timeout: float) -> CommandResult:
-        """Run ``command`` in a clean environment the agent cannot have altered."""
+        """Run ``command`` in a clean environment the agent cannot have altered.
+
+        Raises :class:`~runner.core.errors.GuestDown` as :meth:`exec` does; a
+        program of the clean PATH that is not its package's file is exit 126."""
 
     def inspect(self, question: str, timeout: float) -> CommandResult:
         """Ask the guest helper itself (a JSON question; its JSON answer is the output).
@@ -77,11 +92,13 @@ class Guest(abc.ABC):
 
     @abc.abstractmethod
     def host_http(self, guest_port: int, path: str, timeout: float) -> HttpResult:
-        """GET ``path`` on ``guest_port`` from the host side (through a forwarded port)."""
+        """GET ``path`` on ``guest_port`` from the host side (through a forwarded port).
+
+        Never raises: no answer is a result with ``status`` None and ``error`` saying why."""
 
     @abc.abstractmethod
     def alive(self) -> bool:
-        """True while the VM runs and the shell answers."""
+        """True while the VM runs and the shell answers; never raises."""
 
     @abc.abstractmethod
     def reboot(self, timeout: float) -> RebootResult:

@@ -58,7 +58,16 @@ class Model(abc.ABC):
 
     @abc.abstractmethod
     def complete(self, request: ChatRequest, timeout: float) -> ModelReply:
-        """Answer ``request`` within ``timeout`` seconds or raise ``ModelServerError``."""
+        """Answer ``request`` within ``timeout`` seconds.
+
+        Raises, and nothing else: :class:`~runner.core.errors.ModelServerError`
+        when the server failed in a way retrying did not fix (its ``attempts``
+        list the tries; ``out_of_time`` when the call used all its time);
+        :class:`~runner.core.errors.ContextExhausted` when the conversation
+        outgrew the model's context (the run is then judged as it stands); for a
+        replayed model, :class:`~runner.core.errors.ReplayMismatch` when the run
+        asks for a reply the cassette does not hold. Whatever the reply says,
+        however malformed, is the protocol's to read, never an exception here."""
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this model's behaviour, for the cassette header."""
