@@ -45,6 +45,7 @@ from typing import Any
 from runner.backends.process import die_with_parent
 from runner.core.agent_api import Agent, ThreadAgentModel
 from runner.core.errors import InvalidInput
+from runner.core.registry import Registry
 from runner.core.text import one_line
 
 GROUP = "rootbench.agents"  # the entry-point group installed agents register under
@@ -114,14 +115,19 @@ def resolve(value: str) -> AgentRef:
     return ref
 
 
+def installed_agents() -> Registry[str]:
+    """The ``--agent`` names: the built-in agents, then every installed one (the entry points
+    of :data:`GROUP`, read now: a package installed since is there), each to where it lives."""
+    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    return Registry("agent", FIELD, {**{b: "built in" for b in BUILTIN}, **found})
+
+
 def _entry_point(name: str) -> AgentRef:
     found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
     if not found:
-        known = sorted({ep.name for ep in entry_points(group=GROUP)})
-        raise InvalidInput(
-            f"unknown agent {name!r}: give {', '.join(BUILTIN)}, FILE.py:Class, "
-            f"package.module:Class, or an installed agent ({', '.join(known) or f'none in {GROUP}'})",
-            field=FIELD)
+        raise installed_agents().unknown(
+            name, hint=", FILE.py:Class or package.module:Class (installed agents register "
+                       f"in the entry-point group {GROUP})")
     module, _, attr = found[0].value.partition(":")
     ref = AgentRef(attr.strip(), module=module.strip(), shown=module.strip(), entry_point=name)
     _load(ref)

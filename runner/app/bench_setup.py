@@ -33,7 +33,13 @@ from runner.app.plan import Arm, matrix
 from runner.app.ray_executor import JOIN_TIMEOUT, RayExecutor, reachable, resolve_auto
 from runner.app.runs import load_results, new_run_dir
 from runner.backends.cachedir import cache_root
-from runner.backends.llama import DEFAULT_CTX_SIZE, DEFAULT_MODEL, MODELS, model_threads
+from runner.backends.llama import (
+    DEFAULT_CTX_SIZE,
+    DEFAULT_MODEL,
+    MODEL_FILE_HINT,
+    MODELS,
+    model_threads,
+)
 from runner.backends.openai import check_endpoint, check_reachable, server_props
 from runner.backends.process import guest_nice
 from runner.core import layout
@@ -170,10 +176,7 @@ def _models(flags: BenchFlags, agent: AgentKind) -> list[str]:
                                field="--model-file")
     elif agent is AgentKind.MODEL and flags.endpoint is None:
         for model in models:
-            if model not in MODELS:
-                raise InvalidInput(f"unknown model {model!r} (known: {', '.join(MODELS)}; or give "
-                                   "--model-file, or --endpoint for a server of your own)",
-                                   field="--model")
+            MODELS.get_or_refuse(model, hint=MODEL_FILE_HINT)
     if agent is not AgentKind.MODEL:
         models = models[:1]  # scripted agents have no model: one arm per protocol
     return models

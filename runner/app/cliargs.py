@@ -14,7 +14,7 @@ from runner import __version__
 from runner.app import atif
 from runner.app.cliparse import Parser
 from runner.app.doctor import DEFAULT_IMAGE
-from runner.app.executors import ExecutorKind
+from runner.app.executors import EXECUTORS
 from runner.app.ray_executor import JOIN_TIMEOUT
 from runner.app.report import FORMATS
 from runner.backends.llama import DEFAULT_CTX_SIZE, DEFAULT_MODEL
@@ -73,7 +73,7 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", default="runs", help="where run directories are made")
     _jobs_arg(p, "episodes at once, each in its own VM (auto: from cores, free memory and the "
                  "model server's slots); our llama-server gets as many slots")
-    p.add_argument("--executor", choices=[k.value for k in ExecutorKind], default="local",
+    p.add_argument("--executor", choices=EXECUTORS.names(), default="local",
                    help="where episodes run: this host, or a Ray cluster (pip install "
                         "'rootbench[ray]'; nodes declare a 'vm' resource)")
     p.add_argument("--ray-address", metavar="HOST:PORT|auto",

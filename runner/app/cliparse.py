@@ -6,7 +6,7 @@ every error, and has no ``suggest_on_error`` (3.14): a mistyped command or
 flag is answered with a usage that does not say what was meant. This small
 subclass keeps argparse (parsing, help, types) and changes only what is
 said: the error is one line, ``PROG: error: MESSAGE``, exit 2, with the
-nearest command, flag or choice offered (:func:`runner.core.selection.nearest`)
+nearest command, flag or choice offered (:func:`runner.core.registry.nearest`)
 and where the full usage is (``PROG --help``).
 
 :func:`check_range` and :func:`parse_jobs` are the checks the commands and
@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from runner.app.executors import MAX_JOBS
 from runner.core.errors import InvalidInput
-from runner.core.selection import nearest
+from runner.core.registry import nearest
 
 _FLAG_OWNER = "_rootbench_flag_owner"  # namespace attribute: the (sub)parser left with extras
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")

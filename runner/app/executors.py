@@ -46,6 +46,7 @@ from runner.app.agents import AgentChoice, ModelProvider
 from runner.app.signals import Interrupted, signals_raise
 from runner.backends.process import die_with_parent, end_process
 from runner.core.errors import InfraError
+from runner.core.registry import Registry
 
 log = logging.getLogger("rootbench.bench")
 
@@ -65,6 +66,10 @@ class ExecutorKind(str, enum.Enum):
 
     LOCAL = "local"
     RAY = "ray"
+
+
+EXECUTORS: Registry[ExecutorKind] = Registry("executor", "--executor",
+                                             {k.value: k for k in ExecutorKind})
 
 
 class WorkerLost(InfraError):

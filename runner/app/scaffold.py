@@ -23,7 +23,7 @@ from pathlib import Path
 
 from runner.core.errors import InvalidInput
 from runner.core.paths import Bundled, bundled, find_recipe, recipe_names
-from runner.core.selection import suggest
+from runner.core.registry import suggest
 from runner.core.spec import scenario_from_text
 
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*")  # the schema's $defs/name

