@@ -110,7 +110,6 @@ SAMPLE = 2
 _REBOOT_LOSES_THE_FAULT = "did not survive a reboot"
 KNOWN_INVALID: dict[str, str] = {
     "deleted-log-holds-disk": _REBOOT_LOSES_THE_FAULT,  # tmpfs at /var/lib/ingest
-    "wrong-default-route": _REBOOT_LOSES_THE_FAULT,  # the partner's namespace and veth
 }
 
 
