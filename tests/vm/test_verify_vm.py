@@ -108,11 +108,7 @@ SAMPLE = 2
 # tmpfs or a network namespace, which the reboot re-check takes away with the data the probes
 # read. The fix is the one the first three got.
 _REBOOT_LOSES_THE_FAULT = "did not survive a reboot"
-KNOWN_INVALID: dict[str, str] = {
-    "deleted-log-holds-disk": _REBOOT_LOSES_THE_FAULT,  # tmpfs at /var/lib/ingest
-    "inodes-exhausted": _REBOOT_LOSES_THE_FAULT,  # tmpfs at /var/spool/uploads
-    "wrong-default-route": _REBOOT_LOSES_THE_FAULT,  # the partner's namespace and veth
-}
+KNOWN_INVALID: dict[str, str] = {}
 
 
 BROKEN = {
