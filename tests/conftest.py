@@ -374,6 +374,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                         f"move it to the folder of its kind")
 
 
+@pytest.fixture(autouse=True)
+def _no_vm_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test under ``tests/unit`` that would boot a VM fails at once, naming itself.
+
+    A unit test meant to replay a recording once found none (the scenario had gained hints) and
+    booted a real guest instead: 194 s, and an infra-error under load. ``pytest.fail`` is not an
+    ``Exception``, so no handler of the harness takes it for a broken VM and goes on."""
+    here = Path(__file__).parent
+    if not request.node.path.is_relative_to(here / "unit"):
+        return
+    from runner.backends import sandbox
+
+    def refuse(self: object) -> None:
+        pytest.fail(f"{request.node.nodeid} booted a VM: a unit test must replay or fake it "
+                    "(tests/vm is where real guests run)", pytrace=False)
+
+    monkeypatch.setattr(sandbox.Sandbox, "_start", refuse)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """The time each part of the suite took (its folder: unit, vm, model, browser, package),
     summed over its tests' set-up, call and tear-down on every worker, so a slow ``make test``

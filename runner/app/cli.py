@@ -54,6 +54,7 @@ from runner.backends.images import build_image, list_images
 from runner.backends.llama import DEFAULT_MODEL, ensure_llama_server, fetch_model
 from runner.core.errors import InfraError, InvalidInput, RootbenchError
 from runner.core.outcomes import Verdict
+from runner.core.rules import CURRENT_RULES
 from runner.core.selection import Selection, split_words
 from runner.core.spec import Scenario
 from runner.core.text import printable
@@ -233,7 +234,8 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         log.info("--jobs auto: %d (%s)", jobs, why)
     return rejudge.rejudge(args.paths, fmt=args.format, jobs=jobs,
                            accel=args.accel, transport=args.transport, record_to=out,
-                           out=_out, err=_err)
+                           out=_out, err=_err,
+                           rules=CURRENT_RULES if args.rules == "current" else None)
 
 
 def cmd_view(args: argparse.Namespace) -> int:

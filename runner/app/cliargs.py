@@ -287,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE",
                    help="where the record goes (default RUNDIR/rejudged.json for one run "
                         "directory, else ./rejudged.json)")
+    p.add_argument("--rules", choices=("recorded", "current"), default="recorded",
+                   help="judge each run by its recording's own judging rules (a claim checked), "
+                        "or by today's (how many verdicts today's rules turn)")
     _jobs_arg(p, "cassettes rejudged at once, each on its own VM")
     _format_arg(p)
     _vm_args(p)

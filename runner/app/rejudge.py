@@ -44,6 +44,7 @@ from runner.core import layout
 from runner.core.cassette import find_cassettes
 from runner.core.errors import InvalidInput
 from runner.core.outcomes import ReplayResult
+from runner.core.rules import Rules
 from runner.core.text import one_line
 
 log = logging.getLogger("rootbench.rejudge")
@@ -97,10 +98,12 @@ def default_record(words: Sequence[str]) -> Path:
     return Path(RECORD_NAME)
 
 
-def write_record(out: Path, rows: Sequence[Rejudged], *, accel: str, seconds: float) -> None:
+def write_record(out: Path, rows: Sequence[Rejudged], *, accel: str, seconds: float,
+                 rules: Rules | None = None) -> None:
     """The rejudgement's record, atomically: what was confirmed, of which files, when, how."""
     doc = {"rejudged_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "harness": __version__, "accel": accel, "seconds": round(seconds, 1),
+           "rules": "each recording's own" if rules is None else int(rules),
            "confirmed": sum(r.confirmed for r in rows), "episodes": len(rows),
            "cassettes": [r.to_dict() for r in rows]}
     atomic_write(out, json.dumps(doc, indent=2) + "\n", "--out")
@@ -129,10 +132,11 @@ def _line(cells: Sequence[str], fmt: str) -> str:
 
 def rejudge(words: Sequence[str], *, fmt: str, jobs: int, accel: str, transport: str,
             record_to: Path | None, out: Callable[[str], None],
-            err: Callable[[str], None]) -> int:
+            err: Callable[[str], None], rules: Rules | None = None) -> int:
     """Rejudge every cassette under ``words``; print a row per cassette as it is decided and
     write the record. 0 when every verdict is confirmed, 1 when one is not, 2 when a cassette
-    could not be read at all (bad input)."""
+    could not be read at all (bad input). With ``rules``, the same actions are judged by those
+    rules instead of the recording's own: how many verdicts a change of the rules turns."""
     record = record_to or default_record(words)
     folders: list[tuple[Path, str]] = []
     paths = find_cassettes(list(words), unreadable=folders)
@@ -165,7 +169,7 @@ def rejudge(words: Sequence[str], *, fmt: str, jobs: int, accel: str, transport:
              "" if len(paths) == 1 else "s", jobs)
     with contextlib.closing(replay_all(paths, offline=False, lenient=True,
                                        allow_spec_changes=True, accel=accel,
-                                       transport=transport, jobs=jobs)) as decided:
+                                       transport=transport, jobs=jobs, rules=rules)) as decided:
         for i, (path, done) in enumerate(zip(paths, decided, strict=True), 1):
             if done.error is not None:
                 err(f"rootbench: {done.error}")
@@ -175,7 +179,7 @@ def rejudge(words: Sequence[str], *, fmt: str, jobs: int, accel: str, transport:
     seconds = time.monotonic() - t0
     if fmt == "json":
         out("]")
-    write_record(record, rows, accel=accel, seconds=seconds)
+    write_record(record, rows, accel=accel, seconds=seconds, rules=rules)
     confirmed = sum(r.confirmed for r in rows)
     if fmt != "json":
         out(f"\n{confirmed}/{len(rows)} recorded verdicts confirmed on fresh VMs "

@@ -417,6 +417,7 @@ class _Options:
     transport: str
     specs: tuple[Path, ...] | None
     keep_episode: bool
+    rules: Rules | None = None  # judge under these rules, not the recording's own (rejudge)
 
 
 def _decide(path: Path, options: _Options) -> Decided:
@@ -425,6 +426,8 @@ def _decide(path: Path, options: _Options) -> Decided:
         rep = load_replayable(path)
     except InvalidInput as exc:
         return Decided(unreadable(path, exc), str(exc))
+    if options.rules is not None:
+        rep = dataclasses.replace(rep, rules=options.rules)
     outcome = replay_loaded(rep, offline=options.offline, lenient=options.lenient,
                             allow_spec_changes=options.allow_spec_changes, accel=options.accel,
                             transport=options.transport,
@@ -453,7 +456,8 @@ def replay_jobs(count: int, *, offline: bool) -> int:
 def replay_all(paths: Sequence[Path], *, offline: bool, lenient: bool = False,
                allow_spec_changes: bool = False, accel: str = "auto",
                transport: str = "serial", specs: list[Path] | None = None,
-               jobs: int | None = None) -> Generator[Decided, None, None]:
+               jobs: int | None = None,
+               rules: Rules | None = None) -> Generator[Decided, None, None]:
     """Each cassette's outcome, in the order of ``paths``, each as soon as it and every one
     before it are decided (the order never depends on which worker was faster).
 
@@ -463,9 +467,11 @@ def replay_all(paths: Sequence[Path], *, offline: bool, lenient: bool = False,
     worker's: only the table's fields come back). Closing the iterator (the
     reader went away, Ctrl-C) ends the workers at once, mid-cassette.
     """
+    if rules is not None and offline:
+        raise ValueError("other judging rules need a live guest: a recording holds only what its own rules read")
     options = _Options(offline, lenient, allow_spec_changes, accel, transport,
                        tuple(specs) if specs is not None else None,
-                       keep_episode=False)
+                       keep_episode=False, rules=rules)
     jobs = replay_jobs(len(paths), offline=offline) if jobs is None else jobs
     if jobs <= 1 or len(paths) < 2:
         for path in paths:

@@ -354,6 +354,10 @@ def scenario_from_text(text: str, where: str) -> Scenario:
 # these (a leaky task told as a symptom, a better hint) leaves every verify proof standing.
 PROSE_KEYS = frozenset({"title", "description", "task", "hints", "tags", "difficulty",
                         "system_prompt", "milestones"})
+# What no run reads at all, a model's included: the agent is sent the task, the hints and the
+# system prompt, and the judge reads the probes. A label corrected by measurement, a tag or a
+# title reworded, leaves every recording of the spec standing (scenario_view leaves them out).
+UNREAD_KEYS = frozenset({"title", "description", "tags", "difficulty"})
 # Not part of what judges a run either: each shortcut's and alternative's recording is its own
 # run, matched to its commands by their hash in the scripted agent's fingerprint.
 SCRIPTS_KEYS = frozenset({"shortcuts", "alternatives"})
@@ -450,7 +454,7 @@ FILE_KEYS = frozenset({"path", "spec_hash", "judged_hash"})
 
 def scenario_view(header_scenario: Mapping[str, Any], leave_out: frozenset[str] = frozenset()) -> str:
     """A scenario as a cassette header records it (:func:`scenario_to_dict`), as canonical JSON
-    without :data:`FILE_KEYS` and ``leave_out``.
+    without :data:`FILE_KEYS`, :data:`UNREAD_KEYS` and ``leave_out``.
 
     Two recorded scenarios with the same view ask the same of a run: a run
     replays from its header's scenario alone, so a spec whose text changed
@@ -458,7 +462,7 @@ def scenario_view(header_scenario: Mapping[str, Any], leave_out: frozenset[str] 
     layout) still proves a recording of it. ``leave_out=PROSE_KEYS`` is the
     view of a scripted run, which never reads the task or the hints.
     """
-    skip = FILE_KEYS | leave_out
+    skip = FILE_KEYS | UNREAD_KEYS | leave_out
     return json.dumps({k: v for k, v in header_scenario.items() if k not in skip}, sort_keys=True,
                       ensure_ascii=False, default=str)
 

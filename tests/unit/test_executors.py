@@ -9,6 +9,7 @@ loopback that accepts and says nothing, and a real ``rootbench`` process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -161,6 +162,9 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
     from runner.core.spec import load_specs
 
     [s] = pick_ids(load_specs([repo_root() / "specs"]), ["rogue-port-80"])
+    # Without hints, so that the h1 arm runs at level 0 and replays the level-0 cassette: with the
+    # hints rogue-port-80 has now, that arm found no cassette and ran a real VM in a unit test.
+    s = dataclasses.replace(s, hints=())
     oracle = AgentChoice(kind=AgentKind.ORACLE)
     record = tmp_path / "rec"
     for arm in ("oracle-tools-h0", "oracle-tools-h1", "oracle-tools", "oracle-json"):
@@ -168,7 +172,7 @@ def test_resume_of_a_matrix_needs_the_same_arms(tmp_path: Path) -> None:
         (record / arm).mkdir(parents=True)
         (record / arm / "rogue-port-80.jsonl").write_bytes((ORACLE / "rogue-port-80.jsonl").read_bytes())
     run = tmp_path / "run"
-    arms = matrix([oracle], ["tools"], [0, 1])  # rogue-port-80 has no hints: both at level 0
+    arms = matrix([oracle], ["tools"], [0, 1])  # no hints: both arms at level 0
     eps = run_bench([s], oracle, RunOptions(), run, arms=arms, record_to=record,
                     record_mode=RecordMode.ONCE)
     assert [(e.arm, e.verdict.value) for e in eps] == [("oracle-tools-h0", "pass"),

@@ -396,3 +396,25 @@ def test_a_huge_integer_is_one_line_naming_file_and_line(cli: Cli, tmp_path: Pat
 def test_an_integer_of_4300_digits_is_still_a_number(tmp_path: Path) -> None:
     data, _lines = parse_yaml("x: " + "9" * 4300 + "\n", "f.yaml")
     assert data["x"] == 10 ** 4300 - 1
+
+
+def test_what_no_run_reads_leaves_a_models_recording_of_the_spec_standing(tmp_path: Path) -> None:
+    """A model's run reads the task, the hints and the system prompt; the judge reads the probes.
+    The label, the tags, the title and the description are read by neither, so a label corrected
+    by measurement (issue #49 item 6) must not retire the recordings; a task reworded must."""
+    from runner.core.cassette import Cassette
+    from runner.core.spec import UNREAD_KEYS, ran_as_today, scenario_from_text
+
+    root = repo_root()
+    cassette = Cassette.load(root / "recordings" / "live" / "qwen2.5-coder-1.5b-json" / "ssh-stopped.r0.jsonl")
+    text = (root / "specs" / "ssh-stopped.yaml").read_text()
+    today = scenario_from_text(text, "ssh-stopped.yaml")
+    head = cassette.head
+    assert ran_as_today(head.spec_hash, head.scenario, today)
+    relabelled = text.replace("difficulty: easy", "difficulty: hard").replace(
+        "title: ", "title: The ", 1)
+    assert relabelled != text and {"difficulty", "title"} <= UNREAD_KEYS
+    assert ran_as_today(head.spec_hash, head.scenario, scenario_from_text(relabelled, "x.yaml"))
+    reworded = text.replace("task: |\n  ", "task: |\n  Please: ", 1)
+    assert reworded != text
+    assert not ran_as_today(head.spec_hash, head.scenario, scenario_from_text(reworded, "x.yaml"))

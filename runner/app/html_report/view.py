@@ -33,6 +33,9 @@ from runner.core.outcomes import AgentKind, Verdict
 from runner.core.text import head
 
 OPEN_TRAJECTORIES = 6  # up to this many episodes in a report, trajectories start unfolded
+# Above this many episodes each trajectory is kept in a <template> and drawn when it is opened:
+# the browser parses it but lays none of it out, so a report of hundreds opens fast.
+LAZY_TRAJECTORIES = 40
 
 
 @dataclass
@@ -401,7 +404,8 @@ def page(runs: Sequence[RunView], checks: ChecksTable | None = None) -> dict[str
             "verdicts": verdicts(runs) if checks is None else [],
             "reference": reference_text(references(ran), len(set(ran)))
             if ran and checks is None else "",
-            "open_trajectories": total <= OPEN_TRAJECTORIES, "extra_fields": extra_fields,
+            "open_trajectories": total <= OPEN_TRAJECTORIES,
+            "lazy_trajectories": total > LAZY_TRAJECTORIES, "extra_fields": extra_fields,
             "fixed_turn": fixed_turn}
 
 

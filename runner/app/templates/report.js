@@ -4,6 +4,21 @@
      page's Content-Security-Policy (script-src 'sha256-...'): no other script can run. It
      reads the page and hides or reorders elements; it never writes markup, so text from a
      guest or a model stays text. Without it the page shows every episode, as recorded. */
+  /* A report of many episodes keeps each trajectory in a <template class="lazy">: drawn (its
+     parsed nodes moved into the page, never markup made from text) when its episode opens. */
+  function draw(el) {
+    var tpl = el.querySelector("template.lazy");
+    if (tpl) { tpl.parentNode.replaceChild(tpl.content, tpl); }
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("details.episode"), function (el) {
+    el.addEventListener("toggle", function () { if (el.open) { draw(el); } });
+  });
+  function openLinked() {  /* a link to an episode (the table's, a URL's #anchor) opens it */
+    var target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+    if (target && target.matches("details.episode")) { target.open = true; draw(target); }
+  }
+  window.addEventListener("hashchange", openLinked);
+  openLinked();
   var bar = document.getElementById("filters");
   if (!bar) { return; }
   var field = function (id) { return document.getElementById(id); };
@@ -13,7 +28,10 @@
   var episodes = Array.prototype.slice.call(document.querySelectorAll("details.episode[data-ep]"));
   var rows = Array.prototype.slice.call(document.querySelectorAll("tr[data-ep]"));
   var texts = {};
-  episodes.forEach(function (el) { texts[el.id] = el.textContent.toLowerCase(); });
+  episodes.forEach(function (el) {
+    var tpl = el.querySelector("template.lazy");
+    texts[el.id] = (el.textContent + " " + (tpl ? tpl.content.textContent : "")).toLowerCase();
+  });
 
   function matches(el) {
     var d = el.dataset, words = search.value.trim().toLowerCase();
