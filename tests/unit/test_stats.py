@@ -473,14 +473,16 @@ def test_on_the_committed_runs_the_repair_score_separates_the_models_where_the_s
     oracle = episodes_from_recordings(RECORDINGS / "oracle")[0]
     # The models' runs as recorded, on all 69 scenarios: those still current and those archived
     # on 2026-12-07 when their specs changed (an episode's repair is read from its own probes).
-    archived = RECORDINGS / "archive" / "2026-12-07-before-symptom-tasks"
+    archives = sorted((RECORDINGS / "archive").glob("2026-12-07-*"))
+    assert len(archives) >= 2  # the symptom tasks, then the audit's hardened probes
     small, large = ([*episodes_from_recordings(RECORDINGS / "live" / name)[0],
-                     *episodes_from_recordings(archived / name)[0]]
+                     *(ep for a in archives for ep in episodes_from_recordings(a / name)[0])]
                     for name in ("qwen2.5-coder-0.5b-json", "qwen2.5-coder-1.5b-json"))
     s_noop, s_oracle = summarize(noop).overall, summarize(oracle).overall
     s_small, s_large = summarize(small).overall, summarize(large).overall
     # The old figure: doing nothing scores a third, as much as either model.
-    assert s_noop.mean_score == pytest.approx(0.337, abs=5e-4)
+    # (0.337 when issue #49 was filed; the noop runs of specs hardened since moved it a little)
+    assert s_noop.mean_score == pytest.approx(0.337, abs=5e-3)
     assert s_small.mean_score == pytest.approx(0.33, abs=5e-3)
     assert s_large.mean_score == pytest.approx(0.36, abs=5e-3)
     # The repair score: 0 for doing nothing (every one of its 69 episodes), 1 for the oracle.
