@@ -238,7 +238,7 @@ def test_a_replayed_ladder_tells_its_listeners_each_step_and_estimates_whole_rou
         tmp_path: Path) -> None:
     # The 0.5B's committed ladder: it fails every level of these three scenarios, so each round is
     # four episodes, all replayed (--record-mode none: no model server, no VM).
-    ids = ["cron-job-commented", "cron-stopped", "env-wrong-port"]
+    ids = ["bad-execstart", "cron-stopped", "env-wrong-port"]
     scenarios = _scenarios(*ids)
     assert all(len(s.hints) == 3 for s in scenarios)
     model = AgentChoice(kind=AgentKind.MODEL, model="qwen2.5-coder-0.5b")

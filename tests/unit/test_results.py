@@ -78,11 +78,24 @@ def test_the_tier_rule() -> None:
 
 # --- the command, on hand-made folders -------------------------------------------------------
 
+# Where a scenario's model runs are kept, with the spec they ran: cron-job-commented's were
+# archived when the audit hardened its cron probe (2026-12-07), and they still measure that spec.
+ARCHIVED = {"cron-job-commented": repo_root() / "recordings" / "archive" / "2026-12-07-before-audit"}
+
+
 def _copy(model: str, scenario: str, levels: tuple[str, ...], to: Path) -> None:
     folder = to / f"{model}-json"
     folder.mkdir(parents=True, exist_ok=True)
+    source = ARCHIVED.get(scenario, LIVE)
     for level in levels:
-        shutil.copy2(LIVE / f"{model}-json" / f"{scenario}.{level}.jsonl", folder)
+        shutil.copy2(source / f"{model}-json" / f"{scenario}.{level}.jsonl", folder)
+
+
+def _spec_of(scenario: str) -> Path:
+    """The spec the scenario's runs were recorded against (the archived one, if archived)."""
+    if scenario in ARCHIVED:
+        return ARCHIVED[scenario] / "specs" / f"{scenario}.yaml"
+    return repo_root() / "specs" / f"{scenario}.yaml"
 
 
 @pytest.fixture
@@ -93,7 +106,7 @@ def small_suite(tmp_path: Path) -> tuple[Path, Path]:
     specs = tmp_path / "specs"
     specs.mkdir()
     for i in IDS:
-        shutil.copy2(repo_root() / "specs" / f"{i}.yaml", specs)
+        shutil.copy2(_spec_of(i), specs)
     runs = tmp_path / "live"
     _copy(LARGE, "ssh-stopped", LEVELS[:1], runs)
     _copy(LARGE, "cron-job-commented", LEVELS, runs)
@@ -206,8 +219,9 @@ def test_write_then_check(cli: Cli, small_suite: tuple[Path, Path], tmp_path: Pa
     assert "| qwen2.5-coder-1.5b | 0.33 [0.06, 0.79] | 0.33 [0.00, 1.00] | not judged (before " \
            "rules 3) | 2 of 3 |" in text
     # beside the models, the committed noop and oracle over the same three scenarios
-    assert "| noop (reference) | 0.00 [0.00, 0.56] | 0.00 [0.00, 0.00] | not judged (before " \
-           "rules 3) | - | - |" in text
+    # (cron-job-commented's noop run is of rules 3: one judged, not unsafe; the others not judged)
+    assert "| noop (reference) | 0.00 [0.00, 0.56] | 0.00 [0.00, 0.00] | 0.00 (0 of 1) | - | - |" \
+        in text
     assert "| oracle (reference) | 1.00 [0.44, 1.00] | 1.00 [1.00, 1.00] |" in text
     r = cli("results", *folders, "--specs", str(specs), "--check", str(readme))
     assert r.returncode == 0 and r.stderr == ""
