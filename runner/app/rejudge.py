@@ -78,13 +78,25 @@ def _digest(path: Path) -> str:
         return ""
 
 
-def judged_again(outcome: ReplayOutcome, path: Path) -> Rejudged:
+def _verdict(text: str) -> str:
+    """``pass`` of ``pass [left-behind]``: the verdict without its flags."""
+    return text.split(" [", 1)[0]
+
+
+def judged_again(outcome: ReplayOutcome, path: Path, *, other_rules: bool = False) -> Rejudged:
     """A live replay's outcome as a rejudgement: confirmed only when the replay reached a
-    verdict and it (with its flags) is the recorded one."""
+    verdict and it (with its flags) is the recorded one. Judged by ``other_rules`` than the
+    recording's, the verdict alone must match: a flag the newer rules raise (``left-behind``
+    from the state diff) is news about the run, said in the note, not a verdict overturned."""
     reached = outcome.result in (ReplayResult.SAME, ReplayResult.DIFFERENT)
-    confirmed = reached and outcome.recorded == outcome.replayed
+    if other_rules:
+        confirmed = reached and _verdict(outcome.recorded) == _verdict(outcome.replayed)
+    else:
+        confirmed = reached and outcome.recorded == outcome.replayed
     note = outcome.note
-    if reached and confirmed and outcome.result is ReplayResult.DIFFERENT:
+    if other_rules and confirmed and outcome.recorded != outcome.replayed:
+        note = f"same verdict, flagged now: {outcome.replayed}; {note}"
+    elif reached and confirmed and outcome.result is ReplayResult.DIFFERENT:
         note = f"same verdict; {note}"  # a graded figure differs (a milestone, the score)
     return Rejudged(str(path), _digest(path), outcome.scenario, outcome.recorded,
                     outcome.replayed, confirmed, one_line(note, 400))
@@ -174,7 +186,7 @@ def rejudge(words: Sequence[str], *, fmt: str, jobs: int, accel: str, transport:
             if done.error is not None:
                 err(f"rootbench: {done.error}")
                 unreadable_count += 1
-            show(judged_again(done.outcome, path))
+            show(judged_again(done.outcome, path, other_rules=rules is not None))
             log.info("rejudged %d/%d: %s", i, len(paths), path.name)
     seconds = time.monotonic() - t0
     if fmt == "json":

@@ -66,3 +66,18 @@ def test_view_of_a_folder_that_is_not_there_is_one_line_exit_2(cli: Cli, tmp_pat
     r = cli("view", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "nowhere" in r.stderr
+
+
+def test_a_rejudgement_under_newer_rules_confirms_the_verdict_and_names_a_new_flag() -> None:
+    from runner.app.rejudge import judged_again
+    from runner.app.replay import ReplayOutcome
+    from runner.core.outcomes import ReplayResult
+
+    flagged = ReplayOutcome("c.jsonl", "x", "pass", "pass [left-behind]", ReplayResult.DIFFERENT,
+                            "", 1.0, 2)
+    assert not judged_again(flagged, Path("c.jsonl")).confirmed  # a claim checked: flags too
+    row = judged_again(flagged, Path("c.jsonl"), other_rules=True)
+    assert row.confirmed and row.note.startswith("same verdict, flagged now: pass [left-behind]")
+    failed = ReplayOutcome("c.jsonl", "x", "pass", "fail [failed-recheck]", ReplayResult.DIFFERENT,
+                           "", 1.0, 2)
+    assert not judged_again(failed, Path("c.jsonl"), other_rules=True).confirmed
