@@ -43,7 +43,7 @@ test: setup lint
 
 ## test-fast: tests/unit, what needs neither a VM nor a model (nor a browser or a wheel build)
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests/unit $(ARGS)
 
 ## bench: the default subset with the default model, about an hour on 2 cores (docs/running.md,
 ## "The default bench"; builds what is missing as its episodes need it)
