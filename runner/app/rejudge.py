@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import logging
 import time
@@ -40,6 +39,7 @@ from typing import Any
 from runner import __version__
 from runner.app.outputs import atomic_write
 from runner.app.replay import ReplayOutcome, replay_all, unreadable
+from runner.backends.cachedir import file_sha256
 from runner.core import layout
 from runner.core.cassette import find_cassettes
 from runner.core.errors import InvalidInput
@@ -72,8 +72,10 @@ class Rejudged:
 
 
 def _digest(path: Path) -> str:
+    """The cassette's sha256 (:func:`~runner.backends.cachedir.file_sha256`), or "" when it
+    cannot be read (an unreadable cassette is still a row)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path)
     except OSError:
         return ""
 
